@@ -1,0 +1,228 @@
+"""Where the patch is made: ``LightningModule.toggle_optimizer`` / ``untoggle_optimizer`` on every flavour.
+
+Rules (see STYLE.md): read and write the raw class ``__dict__``; recognise Lightning's own function
+before replacing it (never wrap somebody else's wrapper); mark the replacement with a sentinel that
+points at the exact original, so ``install()`` is idempotent and ``uninstall()`` restores the very same
+object, also after ``importlib.reload(toggleshim)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import warnings
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Callable
+
+from toggleshim import _toggle
+from toggleshim._toggle import Toggle, _open_statement_toggle
+
+__all__ = ["ToggleshimWarning", "install", "is_installed", "uninstall"]
+
+#: Lightning releases the shim knows: >= 2.0 (the toggle semantics it reimplements) and below the
+#: first release the CI matrix has not seen. Keep in step with ``noxfile.py`` and the workflow.
+SUPPORTED = ((2, 0), (2, 7))
+_ALLOW_UNTESTED_ENV = "TOGGLESHIM_ALLOW_UNTESTED"
+_SENTINEL = "_toggleshim_original"
+_PATCHED = ("toggle_optimizer", "untoggle_optimizer")
+
+
+class ToggleshimWarning(UserWarning):
+    """``install()`` left a Lightning flavour untouched (and why)."""
+
+
+@dataclass(frozen=True)
+class _Flavour:
+    name: str  # import name: "lightning.pytorch" or "pytorch_lightning"
+    distribution: str
+    module_cls: type
+    optimizer_cls: type
+
+    @property
+    def version(self) -> str:
+        try:
+            return metadata.version(self.distribution)
+        except metadata.PackageNotFoundError:  # pragma: no cover - vendored copies
+            return str(getattr(importlib.import_module(self.name), "__version__", "0"))
+
+
+_FLAVOURS = (("lightning.pytorch", "lightning"), ("pytorch_lightning", "pytorch-lightning"))
+
+
+def _flavours() -> list[_Flavour]:
+    """Every importable Lightning flavour (importing both costs ~0.1 s once one is loaded)."""
+    found = []
+    for name, dist in _FLAVOURS:
+        try:
+            module = importlib.import_module(name)
+            optim = importlib.import_module(f"{name}.core.optimizer")
+        except ImportError:
+            continue
+        found.append(_Flavour(name, dist, module.LightningModule, optim.LightningOptimizer))
+    for flavour in found:
+        if flavour.optimizer_cls not in _toggle._LIGHTNING_OPTIMIZERS:
+            _toggle._LIGHTNING_OPTIMIZERS.append(flavour.optimizer_cls)
+    return found
+
+
+def _parse(version: str) -> tuple[int, int]:
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def _core(fn: Any) -> Any:
+    """The plain function under a ``torch.compiler.disable`` marking, else ``fn``."""
+    if getattr(fn, "_torchdynamo_disable", False):
+        return getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", fn)
+    return fn
+
+
+def _unknown_reason(flavour: _Flavour, name: str, fn: Any) -> str | None:
+    """Why ``fn`` is not the Lightning method the shim knows, or None when it is."""
+    core = _core(fn)
+    if not inspect.isfunction(core):
+        return f"{name} is not a plain function ({type(fn).__name__})"
+    where = f"{core.__module__}.{core.__qualname__}"
+    if core.__qualname__ != f"LightningModule.{name}" or not core.__module__.startswith(flavour.name):
+        return f"{name} was already replaced by someone else ({where})"
+    if hasattr(core, "__wrapped__") or inspect.isgeneratorfunction(core):
+        return f"{name} is already wrapped or returns a context manager ({where})"
+    if list(inspect.signature(core).parameters) != ["self", "optimizer"]:
+        return f"{name} has a signature the shim does not know: {inspect.signature(core)}"
+    return None
+
+
+def _refusal(flavour: _Flavour, allow_untested: bool) -> str | None:
+    low, high = SUPPORTED
+    version = _parse(flavour.version)
+    if version < low:
+        return f"{flavour.distribution} {flavour.version} is older than 2.0, which toggleshim does not support"
+    if version >= high and not allow_untested:
+        return (
+            f"{flavour.distribution} {flavour.version} is newer than the releases toggleshim was tested on "
+            f"(< {high[0]}.{high[1]}); run `python -m toggleshim check` and, if it passes, set "
+            f"{_ALLOW_UNTESTED_ENV}=1"
+        )
+    cls_dict = vars(flavour.module_cls)
+    for name in _PATCHED:
+        fn = cls_dict.get(name)
+        if fn is None:
+            return f"{flavour.name}.LightningModule has no {name}"
+        reason = _unknown_reason(flavour, name, fn)
+        if reason:
+            return reason
+    return None
+
+
+def _marked_like(original: Any, replacement: Callable[..., Any]) -> Callable[..., Any]:
+    """Give ``replacement`` the ``torch.compiler.disable`` marking ``original`` has, if any."""
+    if not getattr(original, "_torchdynamo_disable", False):
+        return replacement
+    import torch._dynamo
+
+    marked: Callable[..., Any] = torch._dynamo.disable(
+        replacement,
+        recursive=getattr(original, "_torchdynamo_disable_recursive", True),
+        reason=getattr(original, "_torchdynamo_disable_msg", None),
+    )
+    return marked
+
+
+def _make_toggle(original: Any) -> Callable[..., Any]:
+    def toggle_optimizer(
+        self: Any, optimizer: Any, zero_grad: bool = True, step: bool = True
+    ) -> Toggle[Any]:
+        """Toggle ``optimizer`` now; the result is also a context manager (patched by toggleshim).
+
+        As a statement this is exactly Lightning's ``toggle_optimizer``: only ``optimizer``'s
+        parameters keep ``requires_grad`` (as the user set it), every other parameter held by
+        ``trainer.optimizers`` is frozen; undo it with ``untoggle_optimizer(optimizer)``.
+
+        As a block::
+
+            with self.toggle_optimizer(opt, zero_grad=True, step=True) as opt:
+                self.manual_backward(loss)
+
+        entering calls ``opt.zero_grad()`` (if ``zero_grad``); a clean exit calls ``opt.step()``
+        (if ``step``); every exit untoggles, exceptions are never swallowed. Blocks nest: inside,
+        ``requires_grad`` is what toggling ``opt`` from the user's own state gives, and leaving a
+        nested block restores the state found on entry.
+
+        Args:
+            optimizer: a ``torch.optim.Optimizer`` or the ``LightningOptimizer`` from ``self.optimizers()``.
+            zero_grad: call ``optimizer.zero_grad()`` on entering the block.
+            step: call ``optimizer.step()`` when the block ends without an exception.
+        """
+        return Toggle(self, optimizer, zero_grad, step)
+
+    return _finish(toggle_optimizer, original)
+
+
+def _make_untoggle(original: Any) -> Callable[..., Any]:
+    def untoggle_optimizer(self: Any, optimizer: Any) -> None:
+        """Lightning's ``untoggle_optimizer``; inside a toggleshim block it closes a nested statement toggle."""
+        nested = _open_statement_toggle(self, optimizer)
+        if nested is not None:
+            nested._untoggle_statement()
+            return
+        original(self, optimizer)
+
+    return _finish(untoggle_optimizer, original)
+
+
+def _finish(replacement: Callable[..., Any], original: Any) -> Callable[..., Any]:
+    replacement.__qualname__ = f"LightningModule.{replacement.__name__}"
+    patched = _marked_like(original, replacement)
+    setattr(patched, _SENTINEL, original)
+    return patched
+
+
+def install(allow_untested: bool | None = None) -> None:
+    """Patch ``toggle_optimizer`` (and ``untoggle_optimizer``) on every installed Lightning flavour.
+
+    Idempotent; ``import toggleshim`` calls it. A flavour whose methods are not the ones toggleshim
+    knows (unsupported or untested version, changed signature, patched by someone else) is left
+    untouched with a :class:`ToggleshimWarning`. ``allow_untested`` (default: the environment variable
+    ``TOGGLESHIM_ALLOW_UNTESTED=1``) patches a Lightning newer than the tested range.
+    Subclasses that define their own ``toggle_optimizer`` are never touched.
+    """
+    if allow_untested is None:
+        allow_untested = os.environ.get(_ALLOW_UNTESTED_ENV, "") not in ("", "0")
+    for flavour in _flavours():
+        cls_dict = vars(flavour.module_cls)
+        if all(hasattr(cls_dict.get(name), _SENTINEL) for name in _PATCHED):
+            continue
+        reason = _refusal(flavour, allow_untested)
+        if reason is not None:
+            warnings.warn(
+                f"toggleshim left {flavour.name} untouched: {reason}. "
+                "`with self.toggle_optimizer(...)` will not work there.",
+                ToggleshimWarning,
+                stacklevel=2,
+            )
+            continue
+        originals = {name: cls_dict[name] for name in _PATCHED}
+        setattr(flavour.module_cls, "toggle_optimizer", _make_toggle(originals["toggle_optimizer"]))
+        setattr(flavour.module_cls, "untoggle_optimizer", _make_untoggle(originals["untoggle_optimizer"]))
+
+
+def uninstall() -> None:
+    """Put back the exact original function objects on every flavour (a no-op where not installed)."""
+    for flavour in _flavours():
+        for name in _PATCHED:
+            original = getattr(vars(flavour.module_cls).get(name), _SENTINEL, None)
+            if original is not None:
+                setattr(flavour.module_cls, name, original)
+
+
+def is_installed() -> bool:
+    """True when every installed Lightning flavour (at least one) is patched."""
+    found = _flavours()
+    return bool(found) and all(
+        hasattr(vars(f.module_cls).get(name), _SENTINEL) for f in found for name in _PATCHED
+    )

@@ -1,0 +1,364 @@
+"""The toggle: Lightning's ``toggle_optimizer`` done exactly, fast, and as a context manager.
+
+Where the reference lives: ``toggleshim.testing.model`` is the plain-Python model of these
+semantics; this file is the fast implementation the property suite checks against it and
+against Lightning's own methods.
+
+Semantics in one place (see README, "Semantics"):
+
+* *Flat* toggle (no block of this module is open): exactly Lightning's ``toggle_optimizer``.
+  Every parameter held by ``trainer.optimizers`` is recorded and frozen, then the toggled
+  optimizer's parameters get their recorded value back; the record is stored as
+  ``module._param_requires_grad_state``. The flat block's exit is exactly Lightning's
+  ``untoggle_optimizer`` (parameters of the *other* optimizers get their recorded value back).
+* *Nested* toggle (inside an open block): the same toggle, but taken from the *user's* view,
+  not from the frozen state around it; leaving restores exactly the state found on entry.
+* Nothing changes before the input is validated; exceptions are never swallowed.
+"""
+
+from __future__ import annotations
+
+import weakref
+from itertools import chain, compress
+from operator import attrgetter, itemgetter
+from types import TracebackType
+from typing import Any, Callable, Generic, Sequence, TypeVar
+
+__all__ = ["Toggle", "toggle"]
+
+_OptT = TypeVar("_OptT")
+_requires_grad = attrgetter("requires_grad")
+
+# LightningOptimizer classes of every installed flavour, filled by ``_patch`` (unwrapping needs them).
+_LIGHTNING_OPTIMIZERS: list[type] = []
+
+
+def _picker(indices: Sequence[int]) -> Callable[[tuple[bool, ...]], tuple[bool, ...]]:
+    """A C-speed ``lambda vals: tuple(vals[i] for i in indices)`` (``itemgetter`` has odd arities)."""
+    if not indices:
+        return lambda vals: ()
+    if len(indices) == 1:
+        (only,) = indices
+        return lambda vals: (vals[only],)
+    return itemgetter(*indices)  # type: ignore[return-value]
+
+
+class _Plan:
+    """Everything about toggling one optimizer that depends only on *which* parameters are where.
+
+    Built once per (module, optimizer, parameter layout) and reused while the layout is unchanged,
+    so the hot path is a handful of C-level passes instead of Lightning's tensor-keyed dict work.
+    """
+
+    __slots__ = (
+        "layout",
+        "own",
+        "managed",
+        "own_mask",
+        "free",
+        "pick_free",
+        "restore",
+        "pick_restore",
+        "last_vals",
+        "last_record",
+    )
+
+    def __init__(self, layout: tuple[Any, ...], own: tuple[Any, ...], managed: tuple[Any, ...],
+                 own_mask: tuple[bool, ...], restore_idx: list[int]) -> None:
+        self.layout = layout
+        self.own = own
+        self.managed = managed
+        self.own_mask = own_mask
+        free_idx = [i for i, mine in enumerate(own_mask) if not mine]
+        self.free = tuple(managed[i] for i in free_idx)
+        self.pick_free = _picker(free_idx)
+        self.restore = tuple(managed[i] for i in restore_idx)
+        self.pick_restore = _picker(restore_idx)
+        self.last_vals: tuple[bool, ...] | None = None
+        self.last_record: dict[Any, bool] = {}
+
+    def record(self, vals: tuple[bool, ...]) -> dict[Any, bool]:
+        """Lightning's ``_param_requires_grad_state`` for ``vals``; a dict copy when unchanged.
+
+        Copying a dict reuses its stored hashes; building one calls ``Tensor.__hash__`` (Python)
+        once per parameter, which is most of Lightning's own cost.
+        """
+        if vals != self.last_vals:
+            self.last_record = dict(zip(self.managed, vals))
+            self.last_vals = vals
+        return self.last_record.copy()
+
+
+class _ModuleState:
+    """Per-module bookkeeping: cached plans and the stack of open (or nested statement) toggles."""
+
+    __slots__ = ("plans", "stack", "__weakref__")
+
+    def __init__(self) -> None:
+        self.plans: dict[int, _Plan] = {}
+        self.stack: list[Toggle[Any]] = []
+
+
+_STATES: weakref.WeakKeyDictionary[Any, _ModuleState] = weakref.WeakKeyDictionary()
+
+
+def _state(module: Any) -> _ModuleState:
+    state = _STATES.get(module)
+    if state is None:
+        state = _STATES[module] = _ModuleState()
+    return state
+
+
+def _unwrap(optimizer: Any) -> Any:
+    """The torch optimizer behind a ``LightningOptimizer`` (of either flavour), else itself."""
+    for cls in _LIGHTNING_OPTIMIZERS:
+        if isinstance(optimizer, cls):
+            return optimizer._optimizer
+    return optimizer
+
+
+def _params_of(optimizer: Any) -> tuple[Any, ...]:
+    return tuple(chain.from_iterable([group["params"] for group in optimizer.param_groups]))
+
+
+def _check_optimizer(optimizer: Any) -> None:
+    """Reject anything that is not an optimizer before a single ``requires_grad`` changes."""
+    groups = getattr(optimizer, "param_groups", None)
+    if (
+        isinstance(groups, (list, tuple))
+        and all(isinstance(g, dict) and "params" in g for g in groups)
+    ):
+        return
+    raise TypeError(
+        "toggle_optimizer() expects an optimizer (a torch.optim.Optimizer or the LightningOptimizer "
+        f"that self.optimizers() returns), got {type(optimizer).__module__}.{type(optimizer).__qualname__}"
+        f" ({optimizer!r:.80}); nothing was changed"
+    )
+
+
+def _param_name(module: Any, param: Any) -> str:
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if p is param:
+            return f"parameter {name!r}"
+    return f"an unnamed parameter of shape {tuple(param.shape)} (not a parameter of {type(module).__name__})"
+
+
+def _plan_for(module: Any, state: _ModuleState, opts: Sequence[Any], optimizer: Any) -> _Plan:
+    """The cached plan for ``optimizer``, validated against the current layout, or a new one."""
+    inner = _unwrap(optimizer)
+    layout = tuple((id(o), _params_of(o)) for o in opts)
+    own = _params_of(inner)
+    plan = state.plans.get(id(inner))
+    if plan is not None and plan.layout == layout and plan.own == own:
+        return plan
+    index: dict[int, int] = {}
+    managed: list[Any] = []
+    for _, params in layout:
+        for p in params:
+            if id(p) not in index:
+                index[id(p)] = len(managed)
+                managed.append(p)
+    strangers = [p for p in own if id(p) not in index]
+    if strangers:
+        raise ValueError(
+            f"toggle_optimizer(): the optimizer holds {_param_name(module, strangers[0])}, which none of "
+            f"trainer.optimizers holds ({len(strangers)} such parameter(s)); pass an optimizer returned by "
+            "configure_optimizers (self.optimizers()); nothing was changed"
+        )
+    own_ids = {id(p) for p in own}
+    # Lightning's untoggle restores every optimizer's parameters but the toggled one's (by identity,
+    # a LightningOptimizer matching its inner optimizer); a parameter shared with it is restored too.
+    restored: set[int] = set()
+    for (oid, params), o in zip(layout, opts):
+        if o is not optimizer and o is not inner:
+            restored.update(id(p) for p in params)
+    plan = _Plan(
+        layout,
+        own,
+        tuple(managed),
+        tuple(id(p) in own_ids for p in managed),
+        [i for i, p in enumerate(managed) if id(p) in restored],
+    )
+    if len(state.plans) > 64:  # optimizers come and go (e.g. re-created each fit); keep it bounded
+        state.plans.clear()
+    state.plans[id(inner)] = plan
+    return plan
+
+
+class Toggle(Generic[_OptT]):
+    """What ``self.toggle_optimizer(optimizer, zero_grad=True, step=True)`` returns.
+
+    The toggle has already happened when you hold this object. Use it as a statement (Lightning's
+    behaviour, pair it with ``untoggle_optimizer``) or as a block::
+
+        with self.toggle_optimizer(opt) as opt:   # zero_grad() on entry
+            self.manual_backward(loss)
+        # clean exit: opt.step(), then untoggle; any exception: no step, untoggle, re-raised
+
+    A toggle object is single-use. After the block it holds no reference to the module, the
+    optimizer or any parameter.
+    """
+
+    __slots__ = ("_module", "_optimizer", "_zero_grad", "_step", "_plan", "_vals", "_record",
+                 "_nested", "_entry", "_prev_record", "_entered", "_done")
+
+    def __init__(self, module: Any, optimizer: _OptT, zero_grad: bool, step: bool) -> None:
+        for flag, value in (("zero_grad", zero_grad), ("step", step)):
+            if not isinstance(value, (bool, int)):
+                raise TypeError(f"toggle_optimizer(): {flag} must be True or False, got {value!r}")
+        trainer = module.trainer  # Lightning's own RuntimeError when not attached to a Trainer
+        _check_optimizer(optimizer)
+        state = _state(module)
+        plan = _plan_for(module, state, trainer.optimizers, optimizer)
+        # -- validated: from here on we change things --
+        self._module: Any = module
+        self._optimizer: _OptT | None = optimizer
+        self._zero_grad = bool(zero_grad)
+        self._step = bool(step)
+        self._plan: _Plan | None = plan
+        self._entered = False
+        self._done = False
+        self._prev_record: Any = module.__dict__.get("_param_requires_grad_state")
+        vals: tuple[bool, ...] = tuple(map(_requires_grad, plan.managed))
+        outer = state.stack[-1] if state.stack else None
+        if outer is None:
+            self._nested = False
+            self._entry: tuple[bool, ...] | None = None
+            user = vals
+            for p in compress(plan.free, plan.pick_free(vals)):
+                p.requires_grad = False
+            record = plan.record(vals)
+        else:
+            # Nested: toggle from the user's view. Parameters the enclosing toggle left live show the
+            # user's current wish; the ones it froze show what it recorded.
+            self._nested = True
+            self._entry = vals
+            user = outer._user_view(plan, vals)
+            for p, mine, now, want in zip(plan.managed, plan.own_mask, vals, user):
+                target = want if mine else False
+                if now is not target:
+                    p.requires_grad = target
+            record = dict(zip(plan.managed, user))
+            state.stack.append(self)
+        self._vals: tuple[bool, ...] | None = user
+        self._record: dict[Any, bool] | None = record
+        module._param_requires_grad_state = record
+
+    # -- nesting ----------------------------------------------------------------------------
+
+    def _user_view(self, plan: _Plan, now: tuple[bool, ...]) -> tuple[bool, ...]:
+        mine_plan = self._plan
+        assert mine_plan is not None and self._vals is not None
+        if mine_plan.managed != plan.managed:  # the trainer's optimizers changed in between
+            recorded = {id(p): v for p, v in zip(mine_plan.managed, self._vals)}
+            live = {id(p) for p, m in zip(mine_plan.managed, mine_plan.own_mask) if m}
+            return tuple(
+                n if id(p) in live else recorded.get(id(p), n) for p, n in zip(plan.managed, now)
+            )
+        return tuple(n if m else v for n, m, v in zip(now, mine_plan.own_mask, self._vals))
+
+    # -- the block ---------------------------------------------------------------------------
+
+    def __enter__(self) -> _OptT:
+        module = self._module
+        if self._entered or self._done or module is None:
+            raise RuntimeError(
+                "this toggle was already used: a toggle object is single-use, write "
+                "`with self.toggle_optimizer(opt):` for each block; nothing was changed"
+            )
+        state = _state(module)
+        current = module.__dict__.get("_param_requires_grad_state")
+        if current is not self._record or (self._nested and state.stack[-1] is not self):
+            raise RuntimeError(
+                "this toggle was undone or superseded before its block started; enter it where it is "
+                "made: `with self.toggle_optimizer(opt):`; nothing was changed"
+            )
+        self._entered = True
+        if not self._nested:
+            state.stack.append(self)
+        try:
+            if self._zero_grad:
+                self._optimizer.zero_grad()  # type: ignore[union-attr]
+        except BaseException:
+            self._close(state)
+            raise
+        return self._optimizer  # type: ignore[return-value]
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
+        if not self._entered or self._done:
+            raise RuntimeError("this toggle's block is not open")
+        try:
+            if exc_type is None and self._step:
+                self._optimizer.step()  # type: ignore[union-attr]
+        finally:
+            self._close(_state(self._module))
+        return False  # never swallow
+
+    # -- leaving -----------------------------------------------------------------------------
+
+    def _close(self, state: _ModuleState) -> None:
+        """Untoggle (unwinding nested statement toggles left open above us) and let go of everything."""
+        stack = state.stack
+        if self in stack:
+            while stack:
+                top = stack.pop()
+                top._undo()
+                if top is self:
+                    break
+        else:  # a nested toggle already unwound by its own untoggle_optimizer
+            self._undo()
+
+    def _undo(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        module, plan = self._module, self._plan
+        assert plan is not None and self._vals is not None
+        try:
+            if self._nested:
+                assert self._entry is not None
+                for p, was in zip(plan.managed, self._entry):
+                    if p.requires_grad is not was:
+                        p.requires_grad = was
+                module._param_requires_grad_state = self._prev_record
+            else:
+                for p, was in zip(plan.restore, plan.pick_restore(self._vals)):
+                    p.requires_grad = was
+                module._param_requires_grad_state = {}
+        finally:
+            self._module = self._optimizer = self._plan = None
+            self._vals = self._entry = self._record = self._prev_record = None
+
+    def _untoggle_statement(self) -> None:
+        """``untoggle_optimizer`` called on a nested statement toggle: close it as a nested block."""
+        state = _state(self._module)
+        if state.stack and state.stack[-1] is self:
+            state.stack.pop()
+        self._undo()
+
+    def __repr__(self) -> str:
+        status = "closed" if self._done else ("open" if self._entered else "toggled")
+        return f"<toggleshim.Toggle {status} optimizer={type(self._optimizer).__name__}>"
+
+
+def toggle(module: Any, optimizer: _OptT, zero_grad: bool = True, step: bool = True) -> Toggle[_OptT]:
+    """Typed entry point: ``with toggleshim.toggle(self, opt):`` is ``with self.toggle_optimizer(opt):``.
+
+    Static checkers read Lightning's ``toggle_optimizer(...) -> None`` and reject it in a ``with``;
+    this function has the precise type. It works whether or not the patch is installed.
+    """
+    return Toggle(module, optimizer, zero_grad, step)
+
+
+def _open_statement_toggle(module: Any, optimizer: Any) -> Toggle[Any] | None:
+    """The nested statement toggle that ``untoggle_optimizer(optimizer)`` should close, if any."""
+    state = _STATES.get(module)
+    if not state or not state.stack:
+        return None
+    top = state.stack[-1]
+    if top._entered or top._optimizer is None:
+        return None
+    if top._optimizer is optimizer or _unwrap(top._optimizer) is _unwrap(optimizer):
+        return top
+    return None
