@@ -135,7 +135,7 @@ def _marked_like(original: Any, replacement: Callable[..., Any]) -> Callable[...
 
 def _make_toggle(original: Any) -> Callable[..., Any]:
     def toggle_optimizer(
-        self: Any, optimizer: Any, zero_grad: bool = True, step: bool = True
+        self: Any, optimizer: Any, zero_grad: bool = True, step: bool = True, sync_grad: bool = True
     ) -> Toggle[Any]:
         """Toggle ``optimizer`` now; the result is also a context manager (patched by toggleshim).
 
@@ -157,8 +157,10 @@ def _make_toggle(original: Any) -> Callable[..., Any]:
             optimizer: a ``torch.optim.Optimizer`` or the ``LightningOptimizer`` from ``self.optimizers()``.
             zero_grad: call ``optimizer.zero_grad()`` on entering the block.
             step: call ``optimizer.step()`` when the block ends without an exception.
+            sync_grad: ``False`` skips the DDP gradient all-reduce inside the block (gradient
+                accumulation micro-batches), restored on every exit.
         """
-        return Toggle(self, optimizer, zero_grad, step)
+        return Toggle(self, optimizer, zero_grad, step, sync_grad)
 
     return _finish(toggle_optimizer, original)
 

@@ -200,10 +200,11 @@ class Toggle(Generic[_OptT]):
     """
 
     __slots__ = ("_module", "_optimizer", "_zero_grad", "_step", "_plan", "_vals", "_record",
-                 "_nested", "_entry", "_prev_record", "_entered", "_done")
+                 "_nested", "_entry", "_prev_record", "_entered", "_done", "_sync")
 
-    def __init__(self, module: Any, optimizer: _OptT, zero_grad: bool, step: bool) -> None:
-        for flag, value in (("zero_grad", zero_grad), ("step", step)):
+    def __init__(self, module: Any, optimizer: _OptT, zero_grad: bool = True, step: bool = True,
+                 sync_grad: bool = True) -> None:
+        for flag, value in (("zero_grad", zero_grad), ("step", step), ("sync_grad", sync_grad)):
             if not isinstance(value, (bool, int)):
                 raise TypeError(f"toggle_optimizer(): {flag} must be True or False, got {value!r}")
         trainer = module.trainer  # Lightning's own RuntimeError when not attached to a Trainer
@@ -215,6 +216,9 @@ class Toggle(Generic[_OptT]):
         self._optimizer: _OptT | None = optimizer
         self._zero_grad = bool(zero_grad)
         self._step = bool(step)
+        # Without gradient sync (DDP micro-batches) the block runs inside the strategy's no_sync,
+        # entered with the block and left on every exit (Lightning's toggle_model leaks it on errors).
+        self._sync: Any = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)
         self._plan: _Plan | None = plan
         self._entered = False
         self._done = False
@@ -277,6 +281,9 @@ class Toggle(Generic[_OptT]):
         if not self._nested:
             state.stack.append(self)
         try:
+            if self._sync is not None:
+                self._sync = self._sync()
+                self._sync.__enter__()
             if self._zero_grad:
                 self._optimizer.zero_grad()  # type: ignore[union-attr]
         except BaseException:
@@ -300,14 +307,21 @@ class Toggle(Generic[_OptT]):
     def _close(self, state: _ModuleState) -> None:
         """Untoggle (unwinding nested statement toggles left open above us) and let go of everything."""
         stack = state.stack
-        if self in stack:
-            while stack:
-                top = stack.pop()
-                top._undo()
-                if top is self:
-                    break
-        else:  # a nested toggle already unwound by its own untoggle_optimizer
-            self._undo()
+        sync, self._sync = self._sync, None
+        try:
+            if self in stack:
+                while stack:
+                    top = stack.pop()
+                    top._undo()
+                    if top is self:
+                        break
+            else:  # a nested toggle already unwound by its own untoggle_optimizer
+                self._undo()
+        finally:
+            if sync is not None and hasattr(sync, "__exit__"):
+                # Resume it as a clean exit: its own `finally` restores gradient sync; the exception
+                # in flight (if any) keeps propagating from our caller, unchanged.
+                sync.__exit__(None, None, None)
 
     def _undo(self) -> None:
         if self._done:
@@ -342,13 +356,14 @@ class Toggle(Generic[_OptT]):
         return f"<toggleshim.Toggle {status} optimizer={type(self._optimizer).__name__}>"
 
 
-def toggle(module: Any, optimizer: _OptT, zero_grad: bool = True, step: bool = True) -> Toggle[_OptT]:
+def toggle(module: Any, optimizer: _OptT, zero_grad: bool = True, step: bool = True,
+           sync_grad: bool = True) -> Toggle[_OptT]:
     """Typed entry point: ``with toggleshim.toggle(self, opt):`` is ``with self.toggle_optimizer(opt):``.
 
     Static checkers read Lightning's ``toggle_optimizer(...) -> None`` and reject it in a ``with``;
     this function has the precise type. It works whether or not the patch is installed.
     """
-    return Toggle(module, optimizer, zero_grad, step)
+    return Toggle(module, optimizer, zero_grad, step, sync_grad)
 
 
 def _open_statement_toggle(module: Any, optimizer: Any) -> Toggle[Any] | None:

@@ -1,0 +1,47 @@
+"""Reusable test tools: the reference model, Hypothesis strategies and the equivalence checker.
+
+    from hypothesis import given
+    from toggleshim.testing import assert_toggle_equivalent, worlds
+
+    @given(worlds())
+    def test_toggling(spec):
+        assert_toggle_equivalent(spec)
+
+See README "Testing your own module" for running them against your own LightningModule.
+"""
+
+from toggleshim.testing.model import ToggleModel, expected_calls, lightning_toggle, lightning_untoggle
+from toggleshim.testing.specs import (
+    Backward,
+    Block,
+    GraphSpec,
+    LayerSpec,
+    OptimizerSpec,
+    Raise,
+    SetRequiresGrad,
+    Statement,
+    WorldSpec,
+    graphs,
+    optimizer_partitions,
+    programs,
+    worlds,
+)
+from toggleshim.testing.harness import (
+    InjectedFault,
+    ManualDriver,
+    Mismatch,
+    ShimDriver,
+    World,
+    assert_toggle_equivalent,
+    assert_toggle_equivalent_in_trainer,
+    build_world,
+    compare_runs,
+    run_program,
+)
+
+__all__ = [
+    "Backward", "Block", "GraphSpec", "InjectedFault", "LayerSpec", "ManualDriver", "Mismatch",
+    "OptimizerSpec", "Raise", "SetRequiresGrad", "ShimDriver", "Statement", "ToggleModel", "World",
+    "WorldSpec", "assert_toggle_equivalent", "assert_toggle_equivalent_in_trainer", "build_world", "compare_runs", "expected_calls", "graphs",
+    "lightning_toggle", "lightning_untoggle", "optimizer_partitions", "programs", "run_program", "worlds",
+]

@@ -1,0 +1,587 @@
+"""Worlds: a module, its optimizers and a trainer, built from specs; the runner; the oracles.
+
+A *world* is driven by a program either through the shim (``with module.toggle_optimizer(...)``,
+exactly as users write it) or through the manual sequence with Lightning's original methods
+(``toggle; zero_grad; body; step`` with ``untoggle`` in ``finally``). While it runs, the reference
+model (:mod:`toggleshim.testing.model`) is advanced beside it and checked at every point; every point
+is also recorded as a snapshot, so two worlds can be compared bitwise afterwards.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+from toggleshim.testing import model as _model
+from toggleshim.testing.specs import (
+    Backward,
+    Block,
+    GraphSpec,
+    OptimizerSpec,
+    Raise,
+    SetRequiresGrad,
+    Statement,
+    WorldSpec,
+)
+
+__all__ = [
+    "InjectedFault",
+    "Mismatch",
+    "World",
+    "assert_toggle_equivalent",
+    "build_world",
+    "compare_runs",
+    "run_program",
+]
+
+
+class InjectedFault(Exception):
+    """The error a program raises on purpose (its identity is checked when it comes out)."""
+
+
+class Mismatch(AssertionError):
+    """Two worlds, or a world and the model, disagree; the message says where and what."""
+
+
+# -- building ---------------------------------------------------------------------------------
+
+_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "rmsprop": torch.optim.RMSprop,
+    "adagrad": torch.optim.Adagrad,
+}
+
+
+def _flavour_module(flavour: str) -> Any:
+    return importlib.import_module(flavour)
+
+
+_GRAPH_CLASSES: dict[str, type] = {}
+
+
+def graph_module_class(flavour: str = "lightning.pytorch") -> type:
+    """A LightningModule subclass (of ``flavour``) that holds a drawn graph."""
+    if flavour not in _GRAPH_CLASSES:
+        base = _flavour_module(flavour).LightningModule
+
+        def __init__(self: Any, layers: nn.ModuleList, loose: nn.ParameterList) -> None:
+            base.__init__(self)
+            self.layers = layers
+            self.loose = loose
+            self.automatic_optimization = False
+
+        _GRAPH_CLASSES[flavour] = type("GraphModule", (base,), {"__init__": __init__})
+    return _GRAPH_CLASSES[flavour]
+
+
+def _make_layer(spec: Any) -> nn.Module:
+    d = spec.dims
+    skip = nn.utils.skip_init  # no draw from torch's global RNG: every value is filled from the seed
+    if spec.kind == "linear":
+        return skip(nn.Linear, d[0], d[1], bias=spec.bias)
+    if spec.kind == "conv1d":
+        return skip(nn.Conv1d, d[0], d[1], d[2], bias=spec.bias)
+    if spec.kind == "embedding":
+        return skip(nn.Embedding, d[0], d[1])
+    if spec.kind == "layernorm":
+        return skip(nn.LayerNorm, d[0], bias=spec.bias)
+    if spec.kind == "batchnorm":
+        return skip(nn.BatchNorm1d, d[0])
+    raise ValueError(f"unknown layer kind {spec.kind!r}")
+
+
+def _inputs(layer_spec: Any, gen: torch.Generator) -> torch.Tensor:
+    d = layer_spec.dims
+    if layer_spec.kind == "embedding":
+        return torch.randint(0, d[0], (3,), generator=gen)
+    if layer_spec.kind == "conv1d":
+        return torch.randn(2, d[0], d[2] + 2, generator=gen)
+    return torch.randn(4, d[0], generator=gen)
+
+
+def build_graph(spec: GraphSpec, flavour: str = "lightning.pytorch") -> tuple[nn.Module, list[torch.Tensor]]:
+    """The module for ``spec`` (values from ``spec.seed`` only) and one input per layer."""
+    layers = nn.ModuleList(_make_layer(layer) for layer in spec.layers)
+    for dst, src in spec.ties:
+        layers[dst].weight = layers[src].weight  # one Parameter in two submodules
+    loose = nn.ParameterList(nn.Parameter(torch.empty(n)) for n in spec.loose)
+    module = graph_module_class(flavour)(layers, loose)
+    gen = torch.Generator().manual_seed(spec.seed)
+    with torch.no_grad():
+        for _, p in module.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+        for name, b in module.named_buffers():
+            if name.endswith("running_var"):
+                b.fill_(1.0)
+            else:
+                b.zero_()
+    inputs = [_inputs(layer, gen) for layer in spec.layers]
+    return module, inputs
+
+
+def _graph_terms(module: Any, inputs: list[torch.Tensor]) -> list[Callable[[], torch.Tensor]]:
+    terms: list[Callable[[], torch.Tensor]] = []
+    for layer, x in zip(module.layers, inputs):
+        terms.append(lambda layer=layer, x=x: layer(x).square().mean())
+    for p in module.loose:
+        terms.append(lambda p=p: (p * p).sum() * 0.5)
+    return terms
+
+
+def _build_optimizers(specs: Sequence[OptimizerSpec], params: list[nn.Parameter]) -> list[torch.optim.Optimizer]:
+    return [
+        _OPTIMIZERS[s.kind]([{"params": [params[i] for i in idx], **dict(h)} for idx, h in s.groups])
+        for s in specs
+    ]
+
+
+@dataclass
+class World:
+    """A module, the optimizers the program toggles, and what happened to them.
+
+    ``opts`` are the objects passed to ``toggle_optimizer`` (raw optimizers, or the
+    ``LightningOptimizer`` wrappers under a real Trainer); ``terms`` are the loss pieces
+    ``Backward`` picks from; ``calls`` logs every ``zero_grad``/``step`` an optimizer received.
+    """
+
+    module: Any
+    params: list[nn.Parameter]
+    opts: list[Any]
+    terms: list[Callable[[], torch.Tensor]]
+    optimizers_spec: list[list[int]]
+    calls: list[tuple[str, int]] = field(default_factory=list)
+    fault: tuple[str, int] | None = None
+    raised: list[BaseException] = field(default_factory=list)
+    global_step: Callable[[], int] = lambda: 0
+
+    def instrument(self) -> None:
+        """Log (and, when armed, fail) every zero_grad/step called on the toggled objects."""
+        for k, opt in enumerate(self.opts):
+            for name in ("zero_grad", "step"):
+                original = getattr(opt, name)
+
+                def wrapper(*args: Any, _k: int = k, _name: str = name, _orig: Any = original,
+                            **kwargs: Any) -> Any:
+                    self.calls.append((_name, _k))
+                    armed = self.fault
+                    if armed is not None and armed[1] == _k and armed[0] in (_name, f"{_name}_after"):
+                        self.fault = None
+                        if armed[0] == f"{_name}_after":
+                            _orig(*args, **kwargs)
+                        self.raised.append(err := InjectedFault(f"{armed[0]} of optimizer {_k} failed"))
+                        raise err
+                    return _orig(*args, **kwargs)
+
+                opt.__dict__[name] = wrapper
+
+
+def _stand_in_trainer(module: Any, optimizers: list[torch.optim.Optimizer]) -> None:
+    """Attach a minimal trainer exposing only ``optimizers`` (fast, for unit-level properties)."""
+    module._trainer = SimpleNamespace(optimizers=optimizers, strategy=SimpleNamespace())
+
+
+def build_world(spec: WorldSpec, flavour: str = "lightning.pytorch") -> World:
+    """A world on a stand-in trainer (what most properties use; see ``trainer_worlds`` for the real one)."""
+    module, inputs = build_graph(spec.graph, flavour)
+    params = list(module.parameters())
+    for i in spec.frozen:
+        params[i].requires_grad_(False)
+    optimizers = _build_optimizers(spec.optimizers, params)
+    _stand_in_trainer(module, optimizers)
+    world = World(module, params, list(optimizers), _graph_terms(module, inputs),
+                  _optimizer_params(optimizers, params))
+    world.instrument()
+    return world
+
+
+def _optimizer_params(optimizers: Sequence[Any], params: list[nn.Parameter]) -> list[list[int]]:
+    index = {id(p): i for i, p in enumerate(params)}
+    return [[index[id(p)] for g in o.param_groups for p in g["params"]] for o in optimizers]
+
+
+# -- drivers ------------------------------------------------------------------------------------
+
+
+class ShimDriver:
+    """Drives the shim exactly as users write it."""
+
+    name = "shim"
+
+    def block(self, world: World, op: Block, after_toggle: Callable[[], None], body: Callable[[], None]) -> None:
+        toggled = world.module.toggle_optimizer(world.opts[op.k], zero_grad=op.zero_grad, step=op.step)
+        after_toggle()
+        with toggled:
+            body()
+
+    def toggle(self, world: World, k: int) -> None:
+        world.module.toggle_optimizer(world.opts[k])
+
+    def untoggle(self, world: World, k: int) -> None:
+        world.module.untoggle_optimizer(world.opts[k])
+
+
+class ManualDriver:
+    """Drives Lightning's original methods: ``toggle; zero_grad; body; step``, untoggle in ``finally``."""
+
+    name = "manual"
+
+    def __init__(self, toggle: Callable[[Any, Any], None], untoggle: Callable[[Any, Any], None]) -> None:
+        self._toggle = toggle
+        self._untoggle = untoggle
+
+    @classmethod
+    def for_flavour(cls, flavour: str = "lightning.pytorch") -> ManualDriver:
+        """Lightning's own methods, even while the shim is installed."""
+        module_cls = _flavour_module(flavour).LightningModule
+        fns = [vars(module_cls)[n] for n in ("toggle_optimizer", "untoggle_optimizer")]
+        fns = [getattr(f, "_toggleshim_original", f) for f in fns]
+        return cls(fns[0], fns[1])
+
+    def block(self, world: World, op: Block, after_toggle: Callable[[], None], body: Callable[[], None]) -> None:
+        opt = world.opts[op.k]
+        self._toggle(world.module, opt)
+        after_toggle()
+        try:
+            if op.zero_grad:
+                opt.zero_grad()
+            body()
+            if op.step:
+                opt.step()
+        finally:
+            self._untoggle(world.module, opt)
+
+    def toggle(self, world: World, k: int) -> None:
+        self._toggle(world.module, world.opts[k])
+
+    def untoggle(self, world: World, k: int) -> None:
+        self._untoggle(world.module, world.opts[k])
+
+
+# -- running, with the model checked at every point -------------------------------------------
+
+
+@dataclass
+class Snapshot:
+    """What a world looks like at one point of the program."""
+
+    where: str
+    requires_grad: tuple[bool, ...]
+    grads: tuple[torch.Tensor | None, ...]
+    record: tuple[tuple[int, bool], ...] | None
+    full: dict[str, Any] | None = None
+
+
+@dataclass
+class Run:
+    """A program's run on one world: snapshots, the exceptions that came out, and the optimizer calls."""
+
+    snapshots: list[Snapshot]
+    outcomes: list[tuple[str, str, bool] | None]
+    calls: list[tuple[str, int]]
+    expected_calls: list[tuple[str, int]]
+
+
+def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach().clone()
+
+
+class _Runner:
+    def __init__(self, world: World, driver: Any, check_model: bool) -> None:
+        self.world = world
+        self.driver = driver
+        self.model = _model.ToggleModel(world.optimizers_spec, [p.requires_grad for p in world.params])
+        self.check_model = check_model
+        self.snapshots: list[Snapshot] = []
+        self.expected: list[tuple[str, int]] = []
+        self.path: list[str] = []
+
+    # -- points --
+    def point(self, label: str, full: bool = False) -> None:
+        w = self.world
+        where = "/".join([*self.path, label])
+        rg = tuple(p.requires_grad for p in w.params)
+        index = {id(p): i for i, p in enumerate(w.params)}
+        raw = w.module.__dict__.get("_param_requires_grad_state")
+        record = None if raw is None else tuple((index.get(id(p), -1), v) for p, v in raw.items())
+        snap = Snapshot(where, rg, tuple(_clone(p.grad) for p in w.params), record)
+        if full:
+            snap.full = {
+                "params": [_clone(p) for p in w.params],
+                "buffers": [_clone(b) for b in w.module.buffers()],
+                "state": [copy.deepcopy(_inner(o).state_dict()) for o in w.opts],
+                "global_step": w.global_step(),
+            }
+        self.snapshots.append(snap)
+        if self.check_model:
+            self._check_model(snap)
+
+    def _check_model(self, snap: Snapshot) -> None:
+        m = self.model
+        if list(snap.requires_grad) != m.rg:
+            names = _names(self.world)
+            diff = [
+                f"parameter `{names[i]}` is {'trainable' if got else 'frozen'}, the model says "
+                f"{'trainable' if want else 'frozen'}"
+                for i, (got, want) in enumerate(zip(snap.requires_grad, m.rg)) if got != want
+            ]
+            raise Mismatch(f"{self.driver.name} world at {snap.where}: " + "; ".join(diff))
+        want_record = None if m.record is None else tuple(m.record.items())
+        if snap.record != want_record:
+            raise Mismatch(
+                f"{self.driver.name} world at {snap.where}: _param_requires_grad_state is {snap.record}, "
+                f"the model says {want_record}"
+            )
+
+    # -- ops --
+    def run(self, program: Sequence[object]) -> Run:
+        outcomes: list[tuple[str, str, bool] | None] = []
+        self.point("start", full=True)
+        for n, op in enumerate(program):
+            self.path = [f"op{n}"]
+            before = len(self.world.raised)
+            try:
+                self.op(op)
+                outcomes.append(None)
+            except BaseException as exc:  # the program's faults come out here, KeyboardInterrupt too
+                ours = self.world.raised[before:]
+                injected = any(exc is e for e in ours)
+                if ours and not injected:
+                    raise Mismatch(
+                        f"{self.driver.name} world at op{n}: {exc!r} came out instead of the very "
+                        f"exception the program raised ({ours[-1]!r})"
+                    ) from exc
+                outcomes.append((type(exc).__name__, str(exc), injected))
+            self.path = [f"op{n}"]
+            self.point("end", full=True)
+        return Run(self.snapshots, outcomes, list(self.world.calls), self.expected)
+
+    def op(self, op: object) -> None:
+        w, m = self.world, self.model
+        if isinstance(op, SetRequiresGrad):
+            w.params[op.param].requires_grad_(op.value)
+            m.set_requires_grad(op.param, op.value)
+            self.point("set")
+        elif isinstance(op, Backward):
+            loss = sum((w.terms[t]() for t in op.terms), torch.zeros(()))
+            if hasattr(w.module, "_trainer") and not isinstance(w.module._trainer, SimpleNamespace):
+                w.module.manual_backward(loss)
+            else:
+                loss.backward()
+            self.point("backward")
+        elif isinstance(op, Raise):
+            exc: BaseException = KeyboardInterrupt("injected") if op.kind == "interrupt" else InjectedFault(
+                "body failed")
+            w.raised.append(exc)
+            raise exc
+        elif isinstance(op, Block):
+            self.block(op)
+        elif isinstance(op, Statement):
+            self.statement(op)
+        else:  # pragma: no cover - specs are closed
+            raise TypeError(op)
+
+    def body(self, ops: Sequence[object], label: str) -> None:
+        saved = self.path
+        for n, op in enumerate(ops):
+            self.path = [*saved, f"{label}{n}"]
+            self.op(op)
+        self.path = saved
+
+    def block(self, op: Block) -> None:
+        w, m = self.world, self.model
+        frame: _model.Frame | None = None
+        completed = False
+
+        def after_toggle() -> None:
+            nonlocal frame
+            frame = m.toggle(op.k)
+            m.enter(frame)
+            self.expected.extend(_model.expected_calls(op.k, op.zero_grad, op.step, None))
+            self.point(f"toggled{op.k}")
+            if op.fail is not None:
+                w.fault = (op.fail, op.k)
+
+        def run_body() -> None:
+            nonlocal completed
+            self.point("entered")
+            self.body(op.body, "b")
+            completed = True
+
+        try:
+            self.driver.block(w, op, after_toggle, run_body)
+        finally:
+            w.fault = None
+            if frame is not None:
+                m.exit(frame)
+                self.expected.extend(_model.expected_calls(op.k, op.zero_grad, op.step, completed))
+            self.point(f"left{op.k}", full=True)
+
+    def statement(self, op: Statement) -> None:
+        self.driver.toggle(self.world, op.k)
+        self.model.toggle(op.k)
+        self.point(f"toggled{op.k}")
+        self.body(op.body, "s")
+        self.driver.untoggle(self.world, op.k)
+        self.model.untoggle(op.k)
+        self.point(f"untoggled{op.k}")
+
+
+def _inner(opt: Any) -> Any:
+    return getattr(opt, "_optimizer", opt)
+
+
+def _names(world: World) -> list[str]:
+    by_id = {id(p): n for n, p in world.module.named_parameters()}
+    return [by_id.get(id(p), f"#{i}") for i, p in enumerate(world.params)]
+
+
+def run_program(world: World, program: Sequence[object], driver: Any, check_model: bool = True) -> Run:
+    """Run ``program`` on ``world`` with ``driver``; with ``check_model``, the model is checked at every point."""
+    return _Runner(world, driver, check_model).run(program)
+
+
+# -- comparing --------------------------------------------------------------------------------
+
+
+def _bitwise(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point():
+        return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    return torch.equal(a, b)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and _bitwise(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def compare_runs(a: Run, b: Run, world: World | None = None) -> None:
+    """Raise :class:`Mismatch` at the first point where two runs differ (bitwise for tensors)."""
+    names = _names(world) if world is not None else None
+
+    def name(i: int) -> str:
+        return f"`{names[i]}`" if names else f"#{i}"
+
+    if a.outcomes != b.outcomes:
+        raise Mismatch(f"the programs ended differently: {a.outcomes} vs {b.outcomes}")
+    if a.calls != b.calls:
+        raise Mismatch(f"optimizer calls differ: {a.calls} vs {b.calls}")
+    for sa, sb in zip(a.snapshots, b.snapshots):
+        where = sa.where
+        if sa.where != sb.where:
+            raise Mismatch(f"the runs took different paths: {sa.where} vs {sb.where}")
+        for i, (x, y) in enumerate(zip(sa.requires_grad, sb.requires_grad)):
+            if x != y:
+                raise Mismatch(f"at {where}, parameter {name(i)} is {'trainable' if x else 'frozen'} in one "
+                               f"world and {'trainable' if y else 'frozen'} in the other")
+        if sa.record != sb.record:
+            raise Mismatch(f"at {where}, _param_requires_grad_state differs: {sa.record} vs {sb.record}")
+        for i, (x, y) in enumerate(zip(sa.grads, sb.grads)):
+            if not _bitwise(x, y):
+                what = "None" if x is None else "a tensor"
+                other = "None" if y is None else "a tensor"
+                raise Mismatch(f"at {where}, the gradient of {name(i)} differs ({what} vs {other})")
+        if (sa.full is None) != (sb.full is None):
+            raise Mismatch(f"at {where}, the runs took different paths")
+        if sa.full is not None and sb.full is not None:
+            for key in ("params", "buffers", "state", "global_step"):
+                if not _same(sa.full[key], sb.full[key]):
+                    raise Mismatch(f"at {where}, {key} differ bitwise")
+    if len(a.snapshots) != len(b.snapshots):
+        raise Mismatch(f"the runs took different paths ({len(a.snapshots)} vs {len(b.snapshots)} points)")
+
+
+def check_calls(run: Run, driver_name: str = "shim") -> None:
+    """The model's expected optimizer calls (exit paths) against what the world received."""
+    if run.calls != run.expected_calls:
+        raise Mismatch(f"{driver_name} world: optimizer calls {run.calls}, the model expects {run.expected_calls}")
+
+
+def assert_toggle_equivalent(spec: WorldSpec, flavour: str = "lightning.pytorch") -> None:
+    """The shim world equals the model at every point; for flat programs, also Lightning's manual
+    sequence, bitwise (requires_grad, gradients, parameters, buffers, optimizer state, exceptions)."""
+    shim_world = build_world(spec, flavour)
+    shim = run_program(shim_world, spec.program, ShimDriver())
+    check_calls(shim)
+    if not spec.nested:
+        manual_world = build_world(spec, flavour)
+        manual = run_program(manual_world, spec.program, ManualDriver.for_flavour(flavour))
+        check_calls(manual, "manual")
+        compare_runs(shim, manual, shim_world)
+
+
+# -- under a real Trainer -----------------------------------------------------------------------
+
+
+def run_in_trainer(spec: WorldSpec, driver: Any, flavour: str = "lightning.pytorch",
+                   check_model: bool = True) -> tuple[Run, World]:
+    """Run ``spec.program`` inside ``Trainer.fit`` (manual optimization, CPU): the program runs in the
+    first ``training_step`` through the ``LightningOptimizer`` s that ``self.optimizers()`` returns,
+    so steps go through Lightning's strategy and precision plugin and ``global_step`` counts them."""
+    pl = _flavour_module(flavour)
+    module, inputs = build_graph(spec.graph, flavour)
+    params = list(module.parameters())
+    for i in spec.frozen:
+        params[i].requires_grad_(False)
+    optimizers = _build_optimizers(spec.optimizers, params)
+    result: dict[str, Any] = {}
+
+    def training_step(self: Any, batch: Any, batch_idx: int) -> None:
+        opts = self.optimizers()
+        opts = list(opts) if isinstance(opts, (list, tuple)) else [opts]
+        world = World(self, params, opts, _graph_terms(self, inputs), _optimizer_params(optimizers, params),
+                      global_step=lambda: int(self.trainer.global_step))
+        world.instrument()
+        try:
+            result["run"] = run_program(world, spec.program, driver, check_model)
+        finally:
+            for opt in opts:  # the wrappers go: Lightning keeps these objects after fit
+                opt.__dict__.pop("zero_grad", None)
+                opt.__dict__.pop("step", None)
+        result["world"] = world
+
+    def train_dataloader(self: Any) -> Any:
+        return torch.utils.data.DataLoader(torch.zeros(1, 1), batch_size=1)
+
+    module.__class__ = type(
+        "TrainerGraphModule", (type(module),),
+        {"training_step": training_step, "train_dataloader": train_dataloader,
+         "configure_optimizers": lambda self: optimizers},
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=-1, max_epochs=1, limit_train_batches=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(module)
+    if "run" not in result:
+        raise Mismatch("the program did not run inside Trainer.fit")
+    return result["run"], result["world"]
+
+
+def assert_toggle_equivalent_in_trainer(spec: WorldSpec, flavour: str = "lightning.pytorch") -> None:
+    """:func:`assert_toggle_equivalent` inside two real ``Trainer.fit`` runs (flat programs only)."""
+    if spec.nested:
+        raise ValueError("the manual sequence has no nesting rule: pass a flat program")
+    shim, world = run_in_trainer(spec, ShimDriver(), flavour)
+    check_calls(shim)
+    manual, _ = run_in_trainer(spec, ManualDriver.for_flavour(flavour), flavour)
+    check_calls(manual, "manual")
+    compare_runs(shim, manual, world)

@@ -1,0 +1,169 @@
+"""The reference model: toggling semantics in plain Python, written from the documentation alone.
+
+Parameters are numbered ``0..n-1``; an optimizer is the list of parameter numbers it holds (in
+``param_groups`` order, as Lightning iterates). The model knows nothing of torch or of the shim; the
+property suite checks the shim *and* Lightning's own methods against it, so a Lightning release that
+changes toggling is caught even though the two would change together.
+
+Two layers:
+
+* :func:`lightning_toggle` / :func:`lightning_untoggle`: Lightning's flat methods (2.0 to 2.6).
+* :class:`ToggleModel`: the shim: statement toggles, blocks, nesting, and every exit path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Frame", "ToggleModel", "expected_calls", "lightning_toggle", "lightning_untoggle"]
+
+Optimizers = list[list[int]]
+
+
+def lightning_toggle(rg: list[bool], optimizers: Optimizers, k: int, opt_params: list[int] | None = None
+                     ) -> dict[int, bool]:
+    """``LightningModule.toggle_optimizer``: freeze every managed parameter, give the toggled one's back.
+
+    Returns the record Lightning stores as ``_param_requires_grad_state`` (first-seen order).
+    ``opt_params`` is the toggled optimizer's parameters when it is not one of ``optimizers``.
+    """
+    record: dict[int, bool] = {}
+    for params in optimizers:
+        for i in params:
+            if i not in record:
+                record[i] = rg[i]
+    for i in record:
+        rg[i] = False
+    for i in optimizers[k] if opt_params is None else opt_params:
+        rg[i] = record[i]
+    return record
+
+
+def lightning_untoggle(rg: list[bool], record: dict[int, bool], optimizers: Optimizers, k: int | None) -> None:
+    """``LightningModule.untoggle_optimizer``: the *other* optimizers' parameters get their record back.
+
+    A parameter only ``k`` holds keeps whatever the user set inside; one shared with another optimizer
+    is restored. ``k=None`` is an optimizer not among ``optimizers`` (everything is restored).
+    """
+    for j, params in enumerate(optimizers):
+        if j != k:
+            for i in params:
+                if i in record:
+                    rg[i] = record[i]
+
+
+def expected_calls(k: int, zero_grad: bool, step: bool, body_completed: bool | None
+                   ) -> list[tuple[str, int]]:
+    """The optimizer calls a block makes: ``zero_grad`` on entry (``body_completed=None``: the entry
+    alone), ``step`` on exit only after a clean body (``body_completed``: the exit alone)."""
+    if body_completed is None:
+        return [("zero_grad", k)] if zero_grad else []
+    return [("step", k)] if step and body_completed else []
+
+
+@dataclass(eq=False)
+class Frame:
+    """One toggle: a block (``entered``) or a statement toggle made inside a block (``nested``)."""
+
+    k: int
+    nested: bool
+    user: dict[int, bool]  # the user's view this toggle was taken from (= Lightning's record when flat)
+    entry: list[bool] = field(default_factory=list)  # requires_grad found on a nested toggle
+    previous_record: dict[int, bool] | None = None
+    entered: bool = False
+    closed: bool = False
+
+
+class ToggleModel:
+    """The shim's documented semantics over numbered parameters.
+
+    ``rg`` is every parameter's ``requires_grad``; ``record`` mirrors ``_param_requires_grad_state``
+    (``None`` before any toggle, like a fresh module).
+    """
+
+    def __init__(self, optimizers: Optimizers, requires_grad: list[bool]) -> None:
+        self.optimizers = [list(p) for p in optimizers]
+        self.rg = list(requires_grad)
+        self.record: dict[int, bool] | None = {}
+        self.stack: list[Frame] = []
+
+    @property
+    def managed(self) -> list[int]:
+        seen: list[int] = []
+        for params in self.optimizers:
+            seen.extend(i for i in params if i not in seen)
+        return seen
+
+    def set_requires_grad(self, i: int, value: bool) -> None:
+        self.rg[i] = value
+
+    # -- toggling --------------------------------------------------------------------------
+
+    def toggle(self, k: int) -> Frame:
+        """``toggle_optimizer(k)``, statement or block: the toggle happens at the call."""
+        if not self.stack:  # flat: exactly Lightning
+            record = lightning_toggle(self.rg, self.optimizers, k)
+            frame = Frame(k, nested=False, user=dict(record), previous_record=self.record)
+            self.record = record
+            return frame
+        outer = self.stack[-1]
+        live = set(self.optimizers[outer.k])
+        user = {i: (self.rg[i] if i in live else outer.user[i]) for i in self.managed}
+        frame = Frame(k, nested=True, user=user, entry=list(self.rg), previous_record=self.record)
+        for i in self.managed:
+            self.rg[i] = False
+        for i in self.optimizers[k]:
+            self.rg[i] = user[i]
+        self.record = dict(user)
+        self.stack.append(frame)  # a nested toggle is open from the call on, entered or not
+        return frame
+
+    def enter(self, frame: Frame) -> None:
+        """The ``with`` statement starts (before ``zero_grad``)."""
+        frame.entered = True
+        if not frame.nested:
+            self.stack.append(frame)
+
+    def exit(self, frame: Frame) -> None:
+        """The block ends, by any path: untoggle (the step, if any, came before).
+
+        Statement toggles left open inside it are unwound first, innermost first.
+        """
+        if any(f is frame for f in self.stack):
+            while True:
+                top = self.stack.pop()
+                self._undo(top)
+                if top is frame:
+                    return
+        self._undo(frame)
+
+    def untoggle(self, k: int) -> None:
+        """``untoggle_optimizer(k)`` as a statement."""
+        top = self.stack[-1] if self.stack else None
+        if top is not None and not top.entered and top.k == k:
+            self.stack.pop()
+            self._undo(top)
+            return
+        lightning_untoggle(self.rg, self.record or {}, self.optimizers, k)
+        self.record = {}
+
+    def _undo(self, frame: Frame) -> None:
+        if frame.closed:
+            return
+        frame.closed = True
+        if frame.nested:
+            for i in self.managed:  # parameters in no optimizer are never the toggle's business
+                self.rg[i] = frame.entry[i]
+            self.record = frame.previous_record
+        else:
+            lightning_untoggle(self.rg, frame.user, self.optimizers, frame.k)
+            self.record = {}
+
+    # -- what the invariants talk about ----------------------------------------------------
+
+    def trainable_inside(self) -> set[int] | None:
+        """Inside the innermost open block: the managed parameters that may train (None outside)."""
+        if not self.stack:
+            return None
+        top = self.stack[-1]
+        return {i for i in self.optimizers[top.k] if self.rg[i]}

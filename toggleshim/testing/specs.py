@@ -1,0 +1,273 @@
+"""Specs (plain frozen dataclasses) and the Hypothesis strategies that draw them.
+
+Everything a world is built from is drawn here: no value ever comes from torch's global RNG, so a
+failing example is fully described by its specs (and printed as a runnable snippet).
+Draw order: graph -> optimizer partition -> program (``@st.composite`` for the dependent draws).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+__all__ = [
+    "Backward",
+    "Block",
+    "GraphSpec",
+    "LayerSpec",
+    "OptimizerSpec",
+    "Raise",
+    "SetRequiresGrad",
+    "Statement",
+    "WorldSpec",
+    "graphs",
+    "optimizer_partitions",
+    "programs",
+    "worlds",
+]
+
+# -- specs ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One leaf layer: ``kind`` in linear, conv1d, embedding, layernorm, batchnorm; ``dims`` its sizes."""
+
+    kind: str
+    dims: tuple[int, ...]
+    bias: bool = True
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """Layers, tied weights (``(dst, src)``: layer ``dst`` uses layer ``src``'s weight) and loose parameters."""
+
+    layers: tuple[LayerSpec, ...]
+    ties: tuple[tuple[int, int], ...] = ()
+    loose: tuple[int, ...] = ()  # sizes of free-standing parameters
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """An optimizer: ``kind``, and its param groups as (parameter numbers, hyper-parameters)."""
+
+    kind: str
+    groups: tuple[tuple[tuple[int, ...], tuple[tuple[str, float], ...]], ...]
+
+
+@dataclass(frozen=True)
+class Backward:
+    """Backward of a loss over some terms (layers, then loose parameters): the rest gets no gradient."""
+
+    terms: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SetRequiresGrad:
+    """The user sets ``requires_grad`` of parameter number ``param``."""
+
+    param: int
+    value: bool
+
+
+@dataclass(frozen=True)
+class Raise:
+    """The body raises: ``kind`` is ``"error"`` (an Exception) or ``"interrupt"`` (KeyboardInterrupt)."""
+
+    kind: str = "error"
+
+
+@dataclass(frozen=True)
+class Block:
+    """``with toggle_optimizer(opt[k], zero_grad=, step=): body``; ``fail`` injects a fault in
+    ``"zero_grad"``, ``"step"`` (before the update) or ``"step_after"`` (after the update)."""
+
+    k: int
+    body: tuple[object, ...] = ()
+    zero_grad: bool = True
+    step: bool = True
+    fail: str | None = None
+
+
+@dataclass(frozen=True)
+class Statement:
+    """Old-style ``toggle_optimizer(opt[k]); body; untoggle_optimizer(opt[k])`` (no ``finally``)."""
+
+    k: int
+    body: tuple[object, ...] = ()
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    """A whole world: graph, which parameters the user froze, the optimizers, and the program."""
+
+    graph: GraphSpec
+    frozen: tuple[int, ...]
+    optimizers: tuple[OptimizerSpec, ...]
+    program: tuple[object, ...]
+
+    @property
+    def nested(self) -> bool:
+        """True when a block or statement toggle sits inside a block (the shim's own nesting rule)."""
+        return any(_nested_in_block(op, False) for op in self.program)
+
+
+def _nested_in_block(op: object, in_block: bool) -> bool:
+    if isinstance(op, (Block, Statement)):
+        if in_block:
+            return True
+        return any(_nested_in_block(o, in_block or isinstance(op, Block)) for o in op.body)
+    return False
+
+
+# -- graph strategies -------------------------------------------------------------------------
+
+_small = st.integers(1, 4)  # layer widths: tiny keeps a world ~10 ms, shapes still differ
+
+
+@functools.cache
+def _layers() -> st.SearchStrategy[LayerSpec]:
+    return st.one_of(
+        st.builds(LayerSpec, st.just("linear"), st.tuples(_small, _small), st.booleans()),
+        st.builds(LayerSpec, st.just("conv1d"), st.tuples(_small, _small, st.integers(1, 3)), st.booleans()),
+        st.builds(LayerSpec, st.just("embedding"), st.tuples(st.integers(2, 5), _small)),
+        st.builds(LayerSpec, st.just("layernorm"), st.tuples(_small), st.booleans()),
+        st.builds(LayerSpec, st.just("batchnorm"), st.tuples(_small)),
+    )
+
+
+@st.composite
+def graphs(draw: st.DrawFn, max_layers: int = 5) -> GraphSpec:
+    """Random module graphs: 1..max_layers leaf layers (5 is enough for every kind), maybe tied, maybe loose."""
+    layers = draw(st.lists(_layers(), min_size=1, max_size=max_layers))
+    same = [
+        (d, s)
+        for d in range(len(layers))
+        for s in range(d)
+        if layers[d].kind == layers[s].kind and layers[d].dims == layers[s].dims
+    ]
+    ties: list[tuple[int, int]] = []
+    if same:
+        for d, s in draw(st.lists(st.sampled_from(same), max_size=2, unique_by=lambda t: t[0])):
+            if all(s != d2 for d2, _ in ties):  # tie to a layer that owns its weight
+                ties.append((d, s))
+    loose = draw(st.lists(_small, max_size=2))  # free-standing parameters, often in no optimizer
+    return GraphSpec(tuple(layers), tuple(ties), tuple(loose), draw(st.integers(0, 2**16)))
+
+
+_HYPER = {
+    "sgd": st.fixed_dictionaries(
+        {"lr": st.sampled_from([0.1, 0.05]), "momentum": st.sampled_from([0.0, 0.9]),
+         "weight_decay": st.sampled_from([0.0, 0.01])}
+    ),
+    "adam": st.fixed_dictionaries(
+        {"lr": st.sampled_from([0.01, 0.001]), "weight_decay": st.sampled_from([0.0, 0.01]),
+         "amsgrad": st.booleans()}
+    ),
+    "adamw": st.fixed_dictionaries({"lr": st.sampled_from([0.01, 0.001]), "weight_decay": st.just(0.01)}),
+    "rmsprop": st.fixed_dictionaries(
+        {"lr": st.sampled_from([0.01, 0.001]), "momentum": st.sampled_from([0.0, 0.5]),
+         "centered": st.booleans()}
+    ),
+    "adagrad": st.fixed_dictionaries({"lr": st.sampled_from([0.1, 0.01])}),
+}
+OPTIMIZER_KINDS = tuple(_HYPER)
+
+
+@st.composite
+def optimizer_partitions(draw: st.DrawFn, n_params: int, max_optimizers: int = 4
+                         ) -> tuple[OptimizerSpec, ...]:
+    """Optimizers over parameter numbers: 1..max_optimizers (4: the issue's bound), with overlap
+    (a parameter in two optimizers), parameters in none, and 1-2 param groups each."""
+    n_opt = draw(st.integers(1, min(max_optimizers, n_params)))
+    owner = draw(st.lists(st.integers(-1, n_opt - 1), min_size=n_params, max_size=n_params))
+    members: list[list[int]] = [[] for _ in range(n_opt)]
+    for i, k in enumerate(owner):
+        if k >= 0:
+            members[k].append(i)
+    for k in range(n_opt):
+        if not members[k]:
+            members[k].append(draw(st.integers(0, n_params - 1)))
+    if n_opt > 1 and draw(st.booleans()):  # share a parameter between two optimizers
+        a, b = draw(st.permutations(range(n_opt)))[:2]
+        shared = draw(st.sampled_from(members[a]))
+        if shared not in members[b]:
+            members[b].append(shared)
+    specs = []
+    for params in members:
+        kind = draw(st.sampled_from(OPTIMIZER_KINDS))
+        cut = draw(st.integers(0, len(params) - 1)) if len(params) > 1 else 0
+        parts = [params[:cut], params[cut:]] if cut else [params]
+        groups = tuple((tuple(p), tuple(sorted(draw(_HYPER[kind]).items()))) for p in parts)
+        specs.append(OptimizerSpec(kind, groups))
+    return tuple(specs)
+
+
+# -- program strategies -----------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=256)  # building (and validating) a recursive strategy costs more than a draw
+def programs(n_optimizers: int, n_params: int, n_terms: int, max_ops: int = 4, nesting: bool = True,
+             faults: bool = True) -> st.SearchStrategy[tuple[object, ...]]:
+    """Random programs over the optimizers: blocks, statements, user changes, backward, faults.
+
+    ``max_ops`` bounds each body (4: several blocks per world while a world stays ~10 ms);
+    nesting is at most 3 deep (deeper adds time, not new paths).
+    """
+    k = st.integers(0, n_optimizers - 1)
+    backward = st.builds(Backward, st.lists(st.integers(0, n_terms - 1), max_size=3, unique=True).map(tuple))
+    set_rg = st.builds(SetRequiresGrad, st.integers(0, n_params - 1), st.booleans())
+    raise_ = st.builds(Raise, st.sampled_from(["error", "error", "interrupt"]))
+    leaf = st.one_of(backward, backward, set_rg, *([raise_] if faults else []))
+    fail = st.sampled_from([None, None, None, "zero_grad", "step", "step_after"]) if faults else st.none()
+
+    def bodies(inner: st.SearchStrategy[object]) -> st.SearchStrategy[tuple[object, ...]]:
+        return st.lists(inner, max_size=max_ops).map(tuple)
+
+    def extend(inner: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
+        return st.one_of(
+            st.builds(Block, k, bodies(inner), st.booleans(), st.booleans(), fail),
+            st.builds(Statement, k, bodies(inner)),
+        )
+
+    flat_blocks = st.one_of(
+        st.builds(Block, k, bodies(leaf), st.booleans(), st.booleans(), fail),
+        st.builds(Statement, k, bodies(leaf)),
+    )
+    if nesting:
+        inner = st.recursive(leaf, extend, max_leaves=8)
+        top = st.one_of(extend(inner), set_rg, backward)
+    else:
+        top = st.one_of(flat_blocks, flat_blocks, set_rg, backward)
+    return st.lists(top, min_size=1, max_size=max_ops).map(tuple)
+
+
+def n_parameters(graph: GraphSpec) -> int:
+    """Distinct parameters the graph's module has (ties collapse, as ``named_parameters`` does)."""
+    tied = {d for d, _ in graph.ties}
+    count = 0
+    for i, layer in enumerate(graph.layers):
+        weight = 0 if i in tied else 1
+        if layer.kind in ("embedding",):
+            count += weight
+        elif layer.kind == "batchnorm":
+            count += weight + 1
+        else:
+            count += weight + (1 if layer.bias else 0)
+    return count + len(graph.loose)
+
+
+@st.composite
+def worlds(draw: st.DrawFn, nesting: bool = True, faults: bool = True, max_optimizers: int = 4,
+           max_ops: int = 4) -> WorldSpec:
+    """A whole world: graph -> frozen parameters -> optimizer partition -> program."""
+    graph = draw(graphs())
+    n = n_parameters(graph)
+    frozen = tuple(draw(st.lists(st.integers(0, n - 1), max_size=2, unique=True)))
+    optimizers = draw(optimizer_partitions(n, max_optimizers))
+    n_terms = len(graph.layers) + len(graph.loose)
+    program = draw(programs(len(optimizers), n, n_terms, max_ops=max_ops, nesting=nesting, faults=faults))
+    return WorldSpec(graph, frozen, optimizers, program)
