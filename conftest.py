@@ -7,11 +7,12 @@ torch's first calls are slow. ``TOGGLESHIM_FLAVOUR`` restricts the flavours (the
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import pytest
 from hypothesis import HealthCheck, Phase, Verbosity, settings
+
+from toggleshim.testing import installed_flavours
 
 _common = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=20, **_common)
@@ -24,24 +25,9 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
-def _flavours() -> list[str]:
-    wanted = os.environ.get("TOGGLESHIM_FLAVOUR", "")
-    names = [f.strip() for f in wanted.split(",") if f.strip()] or ["lightning.pytorch", "pytorch_lightning"]
-    found = []
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            if wanted:  # asked for explicitly: its absence is an error, not a skip
-                raise
-            continue
-        found.append(name)
-    if not found:
-        raise RuntimeError("no Lightning flavour is installed: pip install lightning")
-    return found
-
-
-FLAVOURS = _flavours()
+FLAVOURS = installed_flavours()
+if not FLAVOURS:
+    raise RuntimeError("no Lightning flavour is installed: pip install lightning")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

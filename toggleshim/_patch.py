@@ -6,7 +6,6 @@ points at the exact original, so ``install()`` is idempotent and ``uninstall()``
 object, also after ``importlib.reload(toggleshim)``.
 """
 
-from __future__ import annotations
 
 import importlib
 import inspect

@@ -36,12 +36,13 @@ from toggleshim.testing.harness import (
     assert_toggle_equivalent_in_trainer,
     build_world,
     compare_runs,
+    installed_flavours,
     run_program,
 )
 
 __all__ = [
     "Backward", "Block", "GraphSpec", "InjectedFault", "LayerSpec", "ManualDriver", "Mismatch",
     "OptimizerSpec", "Raise", "SetRequiresGrad", "ShimDriver", "Statement", "ToggleModel", "World",
-    "WorldSpec", "assert_toggle_equivalent", "assert_toggle_equivalent_in_trainer", "build_world", "compare_runs", "expected_calls", "graphs",
+    "WorldSpec", "assert_toggle_equivalent", "assert_toggle_equivalent_in_trainer", "build_world", "compare_runs", "expected_calls", "graphs", "installed_flavours",
     "lightning_toggle", "lightning_untoggle", "optimizer_partitions", "programs", "run_program", "worlds",
 ]

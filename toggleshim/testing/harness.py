@@ -585,3 +585,20 @@ def assert_toggle_equivalent_in_trainer(spec: WorldSpec, flavour: str = "lightni
     manual, _ = run_in_trainer(spec, ManualDriver.for_flavour(flavour), flavour)
     check_calls(manual, "manual")
     compare_runs(shim, manual, world)
+
+
+def installed_flavours() -> list[str]:
+    """The Lightning flavours to test: ``TOGGLESHIM_FLAVOUR`` (comma-separated) or every importable one."""
+    import os
+
+    wanted = [f.strip() for f in os.environ.get("TOGGLESHIM_FLAVOUR", "").split(",") if f.strip()]
+    found = []
+    for name in wanted or ["lightning.pytorch", "pytorch_lightning"]:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            if wanted:  # asked for explicitly: its absence is an error, not a skip
+                raise
+            continue
+        found.append(name)
+    return found

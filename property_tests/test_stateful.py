@@ -1,0 +1,187 @@
+"""Stateful: a ``RuleBasedStateMachine`` over toggles, blocks, nesting and faults.
+
+Blocks are driven through ``__enter__``/``__exit__`` exactly as the ``with`` statement calls them, so a
+block can stay open across steps and the machine can interleave anything inside it. The reference
+model runs beside the real module; invariants are checked after every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import toggleshim  # noqa: F401
+from toggleshim.testing import InjectedFault, ToggleModel, WorldSpec, build_world, installed_flavours, worlds
+
+
+@dataclass
+class _Open:
+    toggle: Any
+    frame: Any
+    k: int
+    step: bool
+
+
+class ToggleMachine(RuleBasedStateMachine):
+    """One world on a stand-in trainer; blocks stay open across rules."""
+
+    flavour = "lightning.pytorch"
+
+    @initialize(spec=worlds(nesting=False, faults=False, max_ops=1))
+    def build(self, spec: WorldSpec) -> None:
+        self.world = build_world(WorldSpec(spec.graph, spec.frozen, spec.optimizers, ()), self.flavour)
+        self.model = ToggleModel(self.world.optimizers_spec, [p.requires_grad for p in self.world.params])
+        self.blocks: list[_Open] = []
+        self.ever_frozen = {i for i, p in enumerate(self.world.params) if not p.requires_grad}
+        self.calls: list[tuple[str, int]] = []
+        self.user_changed_inside = False
+        self.flat_statement: int | None = None
+
+    # -- helpers --
+    def k(self, data: st.DataObject) -> int:
+        return data.draw(st.integers(0, len(self.world.opts) - 1), label="optimizer")
+
+    def pending_statement(self) -> bool:
+        return bool(self.model.record) and not self.model.stack
+
+    # -- rules --
+    @rule(data=st.data(), zero_grad=st.booleans(), step=st.booleans(), fail=st.booleans())
+    def open_block(self, data: st.DataObject, zero_grad: bool, step: bool, fail: bool) -> None:
+        k = self.k(data)
+        if self.pending_statement():
+            return  # a block over a pending statement toggle is Lightning's flat nesting (see README)
+        toggle = self.world.module.toggle_optimizer(self.world.opts[k], zero_grad=zero_grad, step=step)
+        frame = self.model.toggle(k)
+        self.model.enter(frame)
+        if zero_grad:
+            self.calls.append(("zero_grad", k))
+        if fail and zero_grad:
+            self.world.fault = ("zero_grad", k)
+            try:
+                toggle.__enter__()
+            except InjectedFault as exc:
+                assert exc is self.world.raised[-1]
+                self.model.exit(frame)
+                return
+            raise AssertionError("a failing zero_grad did not propagate out of __enter__")
+        assert toggle.__enter__() is self.world.opts[k]
+        self.blocks.append(_Open(toggle, frame, k, step))
+
+    @precondition(lambda self: self.blocks)
+    @rule(how=st.sampled_from(["clean", "error", "interrupt", "failing step"]))
+    def close_block(self, how: str) -> None:
+        top = self.blocks.pop()
+        if how == "clean":
+            assert top.toggle.__exit__(None, None, None) is False
+            if top.step:
+                self.calls.append(("step", top.k))
+        elif how == "failing step":
+            self.world.fault = ("step", top.k)
+            try:
+                top.toggle.__exit__(None, None, None)
+            except InjectedFault as exc:
+                assert exc is self.world.raised[-1]
+                assert top.step
+                self.calls.append(("step", top.k))
+            else:
+                assert not top.step, "a failing step did not propagate out of __exit__"
+                self.world.fault = None
+        else:
+            exc = InjectedFault("body") if how == "error" else KeyboardInterrupt()
+            assert top.toggle.__exit__(type(exc), exc, None) is False  # never swallowed
+        self.model.exit(top.frame)
+
+    @rule(data=st.data())
+    def statement_toggle(self, data: st.DataObject) -> None:
+        if self.pending_statement():
+            return  # Lightning's own statement nesting freezes for good; the shim keeps it exact
+        k = self.k(data)
+        self.world.module.toggle_optimizer(self.world.opts[k])
+        self.model.toggle(k)
+        if not self.model.stack:
+            self.flat_statement = k
+
+    def open_statement(self) -> int | None:
+        """The optimizer of the statement toggle an ``untoggle_optimizer`` would pair with, if any."""
+        stack = self.model.stack
+        if stack and not stack[-1].entered:
+            return int(stack[-1].k)
+        return self.flat_statement if self.pending_statement() else None
+
+    @precondition(lambda self: self.open_statement() is not None)
+    @rule()
+    def statement_untoggle(self) -> None:
+        # Always the pair of the open statement toggle: a mismatched untoggle is Lightning's own
+        # (exactly reproduced) semantics, which the model's flat layer covers in test_equivalence.
+        k = self.open_statement()
+        assert k is not None
+        self.world.module.untoggle_optimizer(self.world.opts[k])
+        self.model.untoggle(k)
+
+    @rule(data=st.data(), value=st.booleans())
+    def set_requires_grad(self, data: st.DataObject, value: bool) -> None:
+        i = data.draw(st.integers(0, len(self.world.params) - 1), label="parameter")
+        self.world.params[i].requires_grad_(value)
+        self.model.set_requires_grad(i, value)
+        self.user_changed_inside = self.user_changed_inside or bool(self.model.stack)
+        if not value:
+            self.ever_frozen.add(i)
+
+    @rule(data=st.data())
+    def backward(self, data: st.DataObject) -> None:
+        terms = data.draw(st.lists(st.integers(0, len(self.world.terms) - 1), max_size=3, unique=True))
+        loss = sum((self.world.terms[t]() for t in terms), torch.zeros(()))
+        if loss.requires_grad:
+            loss.backward()
+
+    # -- invariants --
+    @invariant()
+    def requires_grad_matches_model(self) -> None:
+        got = [p.requires_grad for p in self.world.params]
+        assert got == self.model.rg, f"requires_grad {got}, model {self.model.rg}"
+
+    @invariant()
+    def record_matches_model(self) -> None:
+        index = {id(p): i for i, p in enumerate(self.world.params)}
+        raw = self.world.module.__dict__.get("_param_requires_grad_state", {})
+        assert [(index[id(p)], v) for p, v in raw.items()] == list((self.model.record or {}).items())
+
+    @invariant()
+    def inside_a_block_only_its_optimizer_trains(self) -> None:
+        if not self.model.stack:
+            self.user_changed_inside = False
+            return
+        if self.user_changed_inside:  # the user may unfreeze anything inside; the model covers that
+            return
+        k = self.model.stack[-1].k
+        others = set(self.model.managed) - set(self.world.optimizers_spec[k])
+        assert not any(self.world.params[i].requires_grad for i in others)
+
+    @invariant()
+    def outside_every_block_nothing_stays_frozen_by_toggling(self) -> None:
+        if self.model.stack or self.model.record:
+            return
+        for i, p in enumerate(self.world.params):
+            assert p.requires_grad or i in self.ever_frozen, f"parameter {i} left frozen by toggling"
+
+    @invariant()
+    def optimizer_calls_follow_the_exit_paths(self) -> None:
+        assert self.world.calls == self.calls
+
+    def teardown(self) -> None:
+        while getattr(self, "blocks", None):  # leave no block open on the module
+            self.blocks.pop().toggle.__exit__(None, None, None)
+
+
+# One machine per flavour under test (``TOGGLESHIM_FLAVOUR`` narrows it, as everywhere).
+for _flavour in installed_flavours():
+    _name = "Test" + "".join(part.title() for part in _flavour.replace(".", "_").split("_")) + "ToggleMachine"
+    _case = type(_name, (ToggleMachine,), {"flavour": _flavour}).TestCase
+    _case.settings = settings(settings.default, stateful_step_count=25)  # 25 steps: 3-4 nested blocks deep
+    globals()[_name] = _case
+del _case

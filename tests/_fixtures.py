@@ -1,0 +1,46 @@
+"""Small fixture modules shared by the example tests (both Lightning flavours)."""
+
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def pl(flavour: str) -> Any:
+    return importlib.import_module(flavour)
+
+
+def three_heads(flavour: str, n_opt: int = 2, frozen: bool = False, shared: bool = False) -> Any:
+    """A module with heads a, b, c (Linear 2->2), one optimizer per head, optionally a frozen
+    parameter and a parameter shared by the first two optimizers; attached to a stand-in trainer."""
+    base = pl(flavour).LightningModule
+
+    class Heads(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            gen = torch.Generator().manual_seed(0)
+            self.a, self.b, self.c = (nn.Linear(2, 2) for _ in range(3))
+            self.free = nn.Parameter(torch.ones(1))  # in no optimizer
+            with torch.no_grad():
+                for p in self.parameters():
+                    p.copy_(torch.randn(p.shape, generator=gen))
+            if frozen:
+                self.a.bias.requires_grad_(False)
+
+    module = Heads()
+    heads = [module.a, module.b, module.c][:n_opt]
+    groups = [list(h.parameters()) for h in heads]
+    if shared:
+        groups[1].append(module.a.weight)
+    optimizers = [torch.optim.SGD(g, lr=0.1, momentum=0.9) for g in groups]
+    module._trainer = SimpleNamespace(optimizers=optimizers, strategy=SimpleNamespace())
+    module.opts = optimizers
+    return module
+
+
+def state(module: Any) -> dict[str, bool]:
+    return {n: p.requires_grad for n, p in module.named_parameters()}

@@ -1,0 +1,560 @@
+"""Example tests of the shim: activation, signature, statement use, the block, nesting, bad input,
+torch.compile marking, refusal to patch blindly, and leaks. Stand-in trainers here; real
+``Trainer.fit`` runs are in ``test_trainer_exact.py``."""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import inspect
+import pydoc
+import warnings
+import weakref
+from typing import Any
+
+import pytest
+import torch
+from _fixtures import pl, state, three_heads
+
+import toggleshim
+from toggleshim import Toggle, ToggleshimWarning
+
+ORIGINAL = {}  # the exact function objects Lightning ships, captured before any test patches
+for _f in ("lightning.pytorch", "pytorch_lightning"):
+    try:
+        _cls = importlib.import_module(_f).LightningModule
+    except ImportError:
+        continue
+    for _n in ("toggle_optimizer", "untoggle_optimizer"):
+        _fn = vars(_cls)[_n]
+        ORIGINAL[(_f, _n)] = getattr(_fn, "_toggleshim_original", _fn)
+
+
+@pytest.fixture(autouse=True)
+def _installed() -> Any:
+    toggleshim.install()
+    yield
+    toggleshim.install()
+
+
+def lightning_toggle(flavour: str, module: Any, opt: Any) -> None:
+    ORIGINAL[(flavour, "toggle_optimizer")](module, opt)
+
+
+def lightning_untoggle(flavour: str, module: Any, opt: Any) -> None:
+    ORIGINAL[(flavour, "untoggle_optimizer")](module, opt)
+
+
+# activation
+
+
+def test_import_patches_every_flavour(flavour: str) -> None:
+    cls = pl(flavour).LightningModule
+    assert toggleshim.is_installed()
+    assert vars(cls)["toggle_optimizer"] is not ORIGINAL[(flavour, "toggle_optimizer")]
+    assert vars(cls)["toggle_optimizer"]._toggleshim_original is ORIGINAL[(flavour, "toggle_optimizer")]
+
+
+def test_flavours_are_distinct_classes_both_patched() -> None:
+    import lightning.pytorch
+    import pytorch_lightning
+
+    assert lightning.pytorch.LightningModule is not pytorch_lightning.LightningModule
+    for cls in (lightning.pytorch.LightningModule, pytorch_lightning.LightningModule):
+        assert hasattr(vars(cls)["toggle_optimizer"], "_toggleshim_original")
+
+
+def test_install_twice_is_a_noop(flavour: str) -> None:
+    cls = pl(flavour).LightningModule
+    before = vars(cls)["toggle_optimizer"]
+    toggleshim.install()
+    toggleshim.install()
+    assert vars(cls)["toggle_optimizer"] is before
+
+
+def test_uninstall_restores_the_exact_originals(flavour: str) -> None:
+    cls = pl(flavour).LightningModule
+    toggleshim.uninstall()
+    assert not toggleshim.is_installed()
+    for name in ("toggle_optimizer", "untoggle_optimizer"):
+        assert vars(cls)[name] is ORIGINAL[(flavour, name)]
+    toggleshim.uninstall()  # a second uninstall is a no-op
+    assert vars(cls)["toggle_optimizer"] is ORIGINAL[(flavour, "toggle_optimizer")]
+
+
+def test_reload_never_stacks_and_uninstall_still_restores(flavour: str) -> None:
+    cls = pl(flavour).LightningModule
+    before = vars(cls)["toggle_optimizer"]
+    importlib.reload(toggleshim)
+    importlib.reload(toggleshim)
+    assert vars(cls)["toggle_optimizer"] is before
+    toggleshim.uninstall()
+    assert vars(cls)["toggle_optimizer"] is ORIGINAL[(flavour, "toggle_optimizer")]
+
+
+def test_lightning_imported_after_toggleshim_is_patched() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import toggleshim, sys\n"
+        "assert 'lightning' not in sys.modules or True\n"
+        "import pytorch_lightning as pl_, lightning.pytorch as L\n"
+        "assert toggleshim.is_installed()\n"
+        "print(type(L.LightningModule.toggle_optimizer(L.LightningModule(), None)) if False else 'ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ok"
+    code_before = "import lightning.pytorch, pytorch_lightning, toggleshim; assert toggleshim.is_installed()"
+    subprocess.run([sys.executable, "-c", code_before], check=True)
+
+
+def test_subclass_with_its_own_toggle_optimizer_is_left_alone(flavour: str) -> None:
+    base = pl(flavour).LightningModule
+
+    class Custom(base):  # type: ignore[misc, valid-type]
+        def toggle_optimizer(self, optimizer: Any) -> str:
+            return "mine"
+
+    toggleshim.uninstall()
+    toggleshim.install()
+    assert Custom().toggle_optimizer(None) == "mine"
+    assert "toggle_optimizer" in vars(Custom)
+
+
+# signature
+
+
+def test_signature_and_help_show_the_new_parameters(flavour: str) -> None:
+    fn = pl(flavour).LightningModule.toggle_optimizer
+    params = inspect.signature(fn).parameters
+    assert list(params)[:4] == ["self", "optimizer", "zero_grad", "step"]
+    assert params["zero_grad"].default is True and params["step"].default is True
+    text = pydoc.render_doc(fn, renderer=pydoc.plaintext)
+    assert "zero_grad: bool = True" in text and "step: bool = True" in text
+    assert "with self.toggle_optimizer" in (fn.__doc__ or "")
+    assert fn.__name__ == "toggle_optimizer" and fn.__qualname__ == "LightningModule.toggle_optimizer"
+
+
+# statement use: exactly Lightning
+
+
+@pytest.mark.parametrize("kw", [{}, {"frozen": True}, {"shared": True}, {"n_opt": 3, "shared": True}])
+def test_statement_toggle_equals_lightning(flavour: str, kw: dict[str, Any]) -> None:
+    shim, ref = three_heads(flavour, **kw), three_heads(flavour, **kw)
+    for k in range(len(shim.opts)):
+        result = shim.toggle_optimizer(shim.opts[k])
+        lightning_toggle(flavour, ref, ref.opts[k])
+        assert isinstance(result, Toggle)
+        assert state(shim) == state(ref)
+        names = {id(p): n for n, p in shim.named_parameters()}
+        ref_names = {id(p): n for n, p in ref.named_parameters()}
+        assert [(names[id(p)], v) for p, v in shim._param_requires_grad_state.items()] == [
+            (ref_names[id(p)], v) for p, v in ref._param_requires_grad_state.items()
+        ]
+        shim.untoggle_optimizer(shim.opts[k])
+        lightning_untoggle(flavour, ref, ref.opts[k])
+        assert state(shim) == state(ref) and shim._param_requires_grad_state == {}
+
+
+def test_toggled_optimizer_and_toggle_model_keep_working(flavour: str) -> None:
+    module = three_heads(flavour)
+    before = state(module)
+    if hasattr(module, "toggled_optimizer"):  # Lightning >= 2.5.1
+        with module.toggled_optimizer(module.opts[0]):
+            assert not module.b.weight.requires_grad and module.a.weight.requires_grad
+        assert state(module) == before
+    lopt = pl(flavour).core.optimizer.LightningOptimizer(module.opts[1])
+    lopt._strategy = type("S", (), {"lightning_module": module})()
+    with lopt.toggle_model():
+        assert module.b.weight.requires_grad and not module.a.weight.requires_grad
+    assert state(module) == before
+
+
+# the block
+
+
+def test_block_yields_the_optimizer_and_toggles_at_call(flavour: str) -> None:
+    module = three_heads(flavour)
+    opt = module.opts[0]
+    toggle = module.toggle_optimizer(opt, zero_grad=False, step=False)
+    assert not module.b.weight.requires_grad  # toggled at the call, before `with`
+    with toggle as got:
+        assert got is opt
+    assert all(state(module).values())
+
+
+def test_block_zero_grads_on_entry_and_steps_on_clean_exit(flavour: str) -> None:
+    module = three_heads(flavour)
+    opt = module.opts[0]
+    module.a.weight.grad = torch.ones(2, 2)
+    before = module.a.weight.detach().clone()
+    with module.toggle_optimizer(opt):
+        assert module.a.weight.grad is None  # the optimizer's default: set_to_none
+        module.a(torch.ones(1, 2)).sum().backward()
+    assert not torch.equal(module.a.weight, before)
+    assert all(state(module).values())
+
+
+@pytest.mark.parametrize("exc", [ValueError("boom"), KeyboardInterrupt(), SystemExit(3)])
+def test_exception_in_block_no_step_untoggles_same_object(flavour: str, exc: BaseException) -> None:
+    module = three_heads(flavour)
+    opt = module.opts[0]
+    before = module.a.weight.detach().clone()
+    with pytest.raises(type(exc)) as info, module.toggle_optimizer(opt):
+        module.a(torch.ones(1, 2)).sum().backward()
+        raise exc
+    assert info.value is exc
+    assert torch.equal(module.a.weight, before)  # no step
+    assert all(state(module).values())
+    with module.toggle_optimizer(opt):  # usable again after an exception
+        module.a(torch.ones(1, 2)).sum().backward()
+    assert not torch.equal(module.a.weight, before)
+
+
+def test_failing_zero_grad_untoggles_and_skips_body(flavour: str) -> None:
+    module = three_heads(flavour)
+    opt = module.opts[0]
+    err = RuntimeError("zero_grad failed")
+
+    def bad_zero_grad(*args: Any, **kwargs: Any) -> None:
+        raise err
+
+    opt.zero_grad = bad_zero_grad
+    ran = []
+    with pytest.raises(RuntimeError) as info, module.toggle_optimizer(opt):
+        ran.append(1)
+    assert info.value is err and not ran
+    assert all(state(module).values()) and module._param_requires_grad_state == {}
+
+
+def test_failing_step_still_untoggles(flavour: str) -> None:
+    module = three_heads(flavour)
+    opt = module.opts[1]
+    err = RuntimeError("step failed")
+
+    def bad_step(*args: Any, **kwargs: Any) -> None:
+        raise err
+
+    opt.step = bad_step
+    with pytest.raises(RuntimeError) as info, module.toggle_optimizer(opt):
+        pass
+    assert info.value is err
+    assert all(state(module).values())
+
+
+def test_step_false_and_zero_grad_false(flavour: str) -> None:
+    module = three_heads(flavour)
+    opt = module.opts[0]
+    module.a.weight.grad = torch.ones(2, 2)
+    before = module.a.weight.detach().clone()
+    with module.toggle_optimizer(opt, zero_grad=False, step=False):
+        assert module.a.weight.grad is not None
+    assert torch.equal(module.a.weight, before)
+
+
+def test_reentering_a_toggle_is_an_error_that_changes_nothing(flavour: str) -> None:
+    module = three_heads(flavour)
+    toggle = module.toggle_optimizer(module.opts[0])
+    with toggle:
+        pass
+    before = state(module)
+    with pytest.raises(RuntimeError, match="single-use"), toggle:
+        pass
+    assert state(module) == before
+
+
+def test_entering_a_toggle_after_its_untoggle_is_an_error(flavour: str) -> None:
+    module = three_heads(flavour)
+    toggle = module.toggle_optimizer(module.opts[0])
+    module.untoggle_optimizer(module.opts[0])
+    before = state(module)
+    with pytest.raises(RuntimeError, match="undone or superseded"), toggle:
+        pass
+    assert state(module) == before
+
+
+# exactness against the manual sequence (stand-in; real Trainer in test_trainer_exact.py)
+
+
+def test_block_is_bitwise_the_manual_sequence(flavour: str) -> None:
+    shim, ref = three_heads(flavour, frozen=True, shared=True), three_heads(flavour, frozen=True, shared=True)
+    x = torch.ones(3, 2)
+    for _ in range(3):
+        for k, head in enumerate("ab"):
+            with shim.toggle_optimizer(shim.opts[k]):
+                getattr(shim, head)(x).square().sum().backward()
+            lightning_toggle(flavour, ref, ref.opts[k])
+            try:
+                ref.opts[k].zero_grad()
+                getattr(ref, head)(x).square().sum().backward()
+                ref.opts[k].step()
+            finally:
+                lightning_untoggle(flavour, ref, ref.opts[k])
+            assert state(shim) == state(ref)
+            for (n, p), (_, q) in zip(shim.named_parameters(), ref.named_parameters()):
+                assert torch.equal(p, q), n
+                assert (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad))
+            assert str(shim.opts[k].state_dict()) == str(ref.opts[k].state_dict())
+
+
+# nesting
+
+
+def test_nested_blocks_train_the_inner_optimizer_and_restore(flavour: str) -> None:
+    module = three_heads(flavour, n_opt=3, frozen=True)
+    user = state(module)
+    a, b, c = module.opts
+    with module.toggle_optimizer(a, step=False):
+        inside_a = state(module)
+        assert inside_a["a.weight"] and not inside_a["a.bias"] and not inside_a["b.weight"]
+        with module.toggle_optimizer(b, step=False):
+            assert module.b.weight.requires_grad and module.b.bias.requires_grad
+            assert not module.a.weight.requires_grad and not module.c.weight.requires_grad
+            with module.toggle_optimizer(c, step=False):
+                assert module.c.weight.requires_grad and not module.b.weight.requires_grad
+                with module.toggle_optimizer(a, step=False):
+                    assert module.a.weight.requires_grad and not module.a.bias.requires_grad  # user froze it
+            assert module.b.weight.requires_grad and not module.c.weight.requires_grad
+        assert state(module) == inside_a
+    assert state(module) == user
+    assert module.free.requires_grad  # in no optimizer: never touched
+
+
+def test_lightning_nested_toggle_freezes_forever_but_the_shim_does_not(flavour: str) -> None:
+    ref, shim = three_heads(flavour), three_heads(flavour)
+    lightning_toggle(flavour, ref, ref.opts[0])
+    lightning_toggle(flavour, ref, ref.opts[1])
+    lightning_untoggle(flavour, ref, ref.opts[1])
+    lightning_untoggle(flavour, ref, ref.opts[0])
+    assert not ref.b.weight.requires_grad  # Lightning's defect: b never trains again
+    with shim.toggle_optimizer(shim.opts[0], step=False), shim.toggle_optimizer(shim.opts[1], step=False):
+        assert shim.b.weight.requires_grad
+    assert all(state(shim).values())
+
+
+def test_statement_toggle_inside_a_block_nests_and_is_unwound(flavour: str) -> None:
+    module = three_heads(flavour)
+    a, b = module.opts
+    with module.toggle_optimizer(a, step=False):
+        module.toggle_optimizer(b)
+        assert module.b.weight.requires_grad and not module.a.weight.requires_grad
+        module.untoggle_optimizer(b)
+        assert module.a.weight.requires_grad and not module.b.weight.requires_grad
+        module.toggle_optimizer(b)  # left open: the block's exit unwinds it
+    assert all(state(module).values())
+
+
+def test_exception_through_nested_blocks(flavour: str) -> None:
+    module = three_heads(flavour)
+    err = ValueError("deep")
+    with pytest.raises(ValueError) as info, module.toggle_optimizer(module.opts[0]):
+        with module.toggle_optimizer(module.opts[1]):
+            raise err
+    assert info.value is err
+    assert all(state(module).values())
+
+
+# bad input: a clear error, nothing changed
+
+
+def test_foreign_parameter_names_it_and_changes_nothing(flavour: str) -> None:
+    module = three_heads(flavour, frozen=True)
+    stray = torch.optim.SGD([module.c.weight], lr=0.1)  # c is in no optimizer of the trainer
+    before = state(module)
+    with pytest.raises(ValueError, match="'c.weight'.*none of trainer.optimizers"):
+        module.toggle_optimizer(stray)
+    assert state(module) == before
+    outsider = torch.optim.SGD([torch.nn.Parameter(torch.ones(3))], lr=0.1)
+    with pytest.raises(ValueError, match=r"unnamed parameter of shape \(3,\)"):
+        module.toggle_optimizer(outsider)
+    assert state(module) == before
+
+
+@pytest.mark.parametrize("bad", [None, torch.nn.Linear(1, 1), [], "adam"])
+def test_non_optimizer_is_a_type_error_that_changes_nothing(flavour: str, bad: Any) -> None:
+    module = three_heads(flavour)
+    before = state(module)
+    with pytest.raises(TypeError, match="expects an optimizer"):
+        module.toggle_optimizer(bad)
+    assert state(module) == before
+
+
+def test_bad_flags_are_rejected(flavour: str) -> None:
+    module = three_heads(flavour)
+    before = state(module)
+    with pytest.raises(TypeError, match="step must be True or False"):
+        module.toggle_optimizer(module.opts[0], step="yes")
+    assert state(module) == before
+
+
+def test_unattached_module_keeps_lightnings_message(flavour: str) -> None:
+    module = pl(flavour).LightningModule()
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+    with pytest.raises(RuntimeError, match="is not attached to a `Trainer`"):
+        module.toggle_optimizer(opt)
+
+
+# torch.compile
+
+
+def test_compile_marking_of_the_original_is_kept(flavour: str) -> None:
+    cls = pl(flavour).LightningModule
+    toggleshim.uninstall()
+    originals = {n: vars(cls)[n] for n in ("toggle_optimizer", "untoggle_optimizer")}
+    try:
+        for name, fn in originals.items():  # what Lightning's newest source does
+            setattr(cls, name, torch.compiler.disable(fn))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            toggleshim.install()
+        for name in originals:
+            patched = vars(cls)[name]
+            assert patched._torchdynamo_disable is True
+            assert patched._torchdynamo_disable_recursive is True
+            assert inspect.signature(patched).parameters.keys() >= {"self", "optimizer"}
+        assert "zero_grad" in inspect.signature(cls.toggle_optimizer).parameters
+        module = three_heads(flavour)
+        with module.toggle_optimizer(module.opts[0]):
+            assert not module.b.weight.requires_grad
+        assert all(state(module).values())
+    finally:
+        toggleshim.uninstall()
+        for name, fn in originals.items():
+            setattr(cls, name, fn)
+        toggleshim.install()
+
+
+def test_block_inside_a_compiled_function(flavour: str) -> None:
+    module = three_heads(flavour)
+    ref = three_heads(flavour)
+    x = torch.ones(2, 2)
+
+    def train_step(m: Any) -> torch.Tensor:
+        with m.toggle_optimizer(m.opts[0]):
+            loss = m.a(x).square().sum()
+            loss.backward()
+        return loss.detach()
+
+    compiled = torch.compile(train_step, backend="eager")
+    for _ in range(2):
+        compiled(module)
+        train_step(ref)
+    assert all(state(module).values())
+    assert torch.allclose(module.a.weight, ref.a.weight)
+
+
+# never patch blindly
+
+
+def _with_replaced(flavour: str, fn: Any) -> list[str]:
+    cls = pl(flavour).LightningModule
+    toggleshim.uninstall()
+    original = vars(cls)["toggle_optimizer"]
+    setattr(cls, "toggle_optimizer", fn)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            toggleshim.install()
+        assert vars(cls)["toggle_optimizer"] is fn  # untouched
+        assert vars(cls)["untoggle_optimizer"] is ORIGINAL[(flavour, "untoggle_optimizer")]
+        return [str(w.message) for w in caught if issubclass(w.category, ToggleshimWarning)]
+    finally:
+        setattr(cls, "toggle_optimizer", original)
+        toggleshim.install()
+
+
+def test_someone_elses_patch_is_refused(flavour: str) -> None:
+    def toggle_optimizer(self: Any, optimizer: Any) -> None:
+        pass
+
+    messages = _with_replaced(flavour, toggle_optimizer)
+    assert messages and "already replaced by someone else" in messages[0]
+
+
+def test_changed_signature_is_refused(flavour: str) -> None:
+    original = ORIGINAL[(flavour, "toggle_optimizer")]
+    ns: dict[str, Any] = {}
+    exec("def toggle_optimizer(self, optimizer, extra=None):\n    pass\n", ns)
+    fn = ns["toggle_optimizer"]
+    fn.__qualname__, fn.__module__ = original.__qualname__, original.__module__
+    messages = _with_replaced(flavour, fn)
+    assert messages and "signature the shim does not know" in messages[0]
+
+
+def test_context_manager_original_is_refused(flavour: str) -> None:
+    import contextlib
+
+    original = ORIGINAL[(flavour, "toggle_optimizer")]
+
+    @contextlib.contextmanager
+    def toggle_optimizer(self: Any, optimizer: Any) -> Any:
+        yield
+
+    toggle_optimizer.__wrapped__.__qualname__ = original.__qualname__
+    toggle_optimizer.__wrapped__.__module__ = original.__module__
+    toggle_optimizer.__qualname__, toggle_optimizer.__module__ = original.__qualname__, original.__module__
+    messages = _with_replaced(flavour, toggle_optimizer)
+    assert messages and "context manager" in messages[0]
+
+
+def test_unsupported_and_untested_versions_are_refused(flavour: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from toggleshim import _patch
+
+    cls = pl(flavour).LightningModule
+    for version, expected in (("1.9.5", "older than 2.0"), ("2.7.0", "newer than the releases")):
+        monkeypatch.setattr(_patch._Flavour, "version", property(lambda self, v=version: v))
+        toggleshim.uninstall()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            toggleshim.install()
+        msgs = [str(w.message) for w in caught if issubclass(w.category, ToggleshimWarning)]
+        assert any(expected in m for m in msgs), msgs
+        assert vars(cls)["toggle_optimizer"] is ORIGINAL[(flavour, "toggle_optimizer")]
+        if version == "2.7.0":
+            assert "python -m toggleshim check" in msgs[0]
+            monkeypatch.setenv("TOGGLESHIM_ALLOW_UNTESTED", "1")
+            toggleshim.install()
+            assert vars(cls)["toggle_optimizer"] is not ORIGINAL[(flavour, "toggle_optimizer")]
+            monkeypatch.delenv("TOGGLESHIM_ALLOW_UNTESTED")
+    monkeypatch.undo()
+    toggleshim.uninstall()
+    toggleshim.install()
+    assert toggleshim.is_installed()
+
+
+# leaks
+
+
+def test_toggle_object_keeps_nothing_alive_after_the_block(flavour: str) -> None:
+    module = three_heads(flavour)
+    opt = module.opts[0]
+    toggle = module.toggle_optimizer(opt)
+    with toggle:
+        pass
+    refs = [weakref.ref(p) for p in module.parameters()] + [weakref.ref(opt), weakref.ref(module)]
+    del module, opt
+    gc.collect()
+    assert all(r() is None for r in refs)
+    assert toggle._optimizer is None and toggle._plan is None
+
+
+def test_many_blocks_do_not_grow_memory(flavour: str) -> None:
+    import tracemalloc
+
+    module = three_heads(flavour)
+    opt = module.opts[0]
+    for _ in range(1000):  # warm-up: caches, allocator pools
+        with module.toggle_optimizer(opt, zero_grad=False, step=False):
+            pass
+    tracemalloc.start()
+    marks = []
+    for _ in range(2):  # growth is what the second 50,000 blocks add beyond the first 50,000
+        for _ in range(50_000):
+            with module.toggle_optimizer(opt, zero_grad=False, step=False):
+                pass
+        gc.collect()
+        marks.append(tracemalloc.get_traced_memory()[0])
+    tracemalloc.stop()
+    grown = marks[1] - marks[0]
+    assert grown < 4 * 1024, f"{grown} bytes more after another 50,000 blocks"
