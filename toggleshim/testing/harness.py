@@ -531,10 +531,11 @@ def assert_toggle_equivalent(spec: WorldSpec, flavour: str = "lightning.pytorch"
 
 
 def run_in_trainer(spec: WorldSpec, driver: Any, flavour: str = "lightning.pytorch",
-                   check_model: bool = True) -> tuple[Run, World]:
-    """Run ``spec.program`` inside ``Trainer.fit`` (manual optimization, CPU): the program runs in the
-    first ``training_step`` through the ``LightningOptimizer`` s that ``self.optimizers()`` returns,
-    so steps go through Lightning's strategy and precision plugin and ``global_step`` counts them."""
+                   check_model: bool = True, batches: int = 1, **trainer_kwargs: Any) -> tuple[Run, World]:
+    """Run ``spec.program`` inside ``Trainer.fit`` (manual optimization, CPU): the program runs in
+    every ``training_step`` (``batches`` of them) through the ``LightningOptimizer`` s that
+    ``self.optimizers()`` returns, so steps go through Lightning's strategy and precision plugin and
+    ``global_step`` counts them. The runs of all batches are returned as one."""
     pl = _flavour_module(flavour)
     module, inputs = build_graph(spec.graph, flavour)
     params = list(module.parameters())
@@ -550,7 +551,12 @@ def run_in_trainer(spec: WorldSpec, driver: Any, flavour: str = "lightning.pytor
                       global_step=lambda: int(self.trainer.global_step))
         world.instrument()
         try:
-            result["run"] = run_program(world, spec.program, driver, check_model)
+            run = run_program(world, spec.program, driver, check_model)
+            if "run" in result:
+                prev = result["run"]
+                run = Run(prev.snapshots + run.snapshots, prev.outcomes + run.outcomes,
+                          prev.calls + run.calls, prev.expected_calls + run.expected_calls)
+            result["run"] = run
         finally:
             for opt in opts:  # the wrappers go: Lightning keeps these objects after fit
                 opt.__dict__.pop("zero_grad", None)
@@ -558,33 +564,38 @@ def run_in_trainer(spec: WorldSpec, driver: Any, flavour: str = "lightning.pytor
         result["world"] = world
 
     def train_dataloader(self: Any) -> Any:
-        return torch.utils.data.DataLoader(torch.zeros(1, 1), batch_size=1)
+        return torch.utils.data.DataLoader(torch.zeros(batches, 1), batch_size=1)
 
     module.__class__ = type(
         "TrainerGraphModule", (type(module),),
         {"training_step": training_step, "train_dataloader": train_dataloader,
          "configure_optimizers": lambda self: optimizers},
     )
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=-1, max_epochs=1, limit_train_batches=1, logger=False,
+    options: dict[str, Any] = dict(
+        accelerator="cpu", devices=1, max_steps=-1, max_epochs=1, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0,
     )
+    trainer = pl.Trainer(**{**options, **trainer_kwargs})
     trainer.fit(module)
     if "run" not in result:
         raise Mismatch("the program did not run inside Trainer.fit")
     return result["run"], result["world"]
 
 
-def assert_toggle_equivalent_in_trainer(spec: WorldSpec, flavour: str = "lightning.pytorch") -> None:
-    """:func:`assert_toggle_equivalent` inside two real ``Trainer.fit`` runs (flat programs only)."""
+def assert_toggle_equivalent_in_trainer(spec: WorldSpec, flavour: str = "lightning.pytorch",
+                                        batches: int = 1, **trainer_kwargs: Any) -> Run:
+    """:func:`assert_toggle_equivalent` inside two real ``Trainer.fit`` runs (flat programs only);
+    returns the shim's run (its snapshots carry ``global_step``)."""
     if spec.nested:
         raise ValueError("the manual sequence has no nesting rule: pass a flat program")
-    shim, world = run_in_trainer(spec, ShimDriver(), flavour)
+    shim, world = run_in_trainer(spec, ShimDriver(), flavour, batches=batches, **trainer_kwargs)
     check_calls(shim)
-    manual, _ = run_in_trainer(spec, ManualDriver.for_flavour(flavour), flavour)
+    manual, _ = run_in_trainer(spec, ManualDriver.for_flavour(flavour), flavour, batches=batches,
+                               **trainer_kwargs)
     check_calls(manual, "manual")
     compare_runs(shim, manual, world)
+    return shim
 
 
 def installed_flavours() -> list[str]:
