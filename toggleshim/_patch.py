@@ -6,14 +6,14 @@ points at the exact original, so ``install()`` is idempotent and ``uninstall()``
 object, also after ``importlib.reload(toggleshim)``.
 """
 
-
 import importlib
 import inspect
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any
 
 from toggleshim import _toggle
 from toggleshim._toggle import Toggle, _open_statement_toggle
@@ -124,7 +124,7 @@ def _marked_like(original: Any, replacement: Callable[..., Any]) -> Callable[...
         return replacement
     import torch._dynamo
 
-    marked: Callable[..., Any] = torch._dynamo.disable(
+    marked: Callable[..., Any] = torch._dynamo.disable(  # type: ignore[no-untyped-call]
         replacement,
         recursive=getattr(original, "_torchdynamo_disable_recursive", True),
         reason=getattr(original, "_torchdynamo_disable_msg", None),
@@ -207,9 +207,8 @@ def install(allow_untested: bool | None = None) -> None:
                 stacklevel=2,
             )
             continue
-        originals = {name: cls_dict[name] for name in _PATCHED}
-        setattr(flavour.module_cls, "toggle_optimizer", _make_toggle(originals["toggle_optimizer"]))
-        setattr(flavour.module_cls, "untoggle_optimizer", _make_untoggle(originals["untoggle_optimizer"]))
+        for name, make in (("toggle_optimizer", _make_toggle), ("untoggle_optimizer", _make_untoggle)):
+            setattr(flavour.module_cls, name, make(cls_dict[name]))
 
 
 def uninstall() -> None:
@@ -224,6 +223,4 @@ def uninstall() -> None:
 def is_installed() -> bool:
     """True when every installed Lightning flavour (at least one) is patched."""
     found = _flavours()
-    return bool(found) and all(
-        hasattr(vars(f.module_cls).get(name), _SENTINEL) for f in found for name in _PATCHED
-    )
+    return bool(found) and all(hasattr(vars(f.module_cls).get(name), _SENTINEL) for f in found for name in _PATCHED)

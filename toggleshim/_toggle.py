@@ -19,10 +19,11 @@ Semantics in one place (see README, "Semantics"):
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Sequence
 from itertools import chain, compress
 from operator import attrgetter, itemgetter
 from types import TracebackType
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 __all__ = ["Toggle", "toggle"]
 
@@ -40,7 +41,7 @@ def _picker(indices: Sequence[int]) -> Callable[[tuple[bool, ...]], tuple[bool, 
     if len(indices) == 1:
         (only,) = indices
         return lambda vals: (vals[only],)
-    return itemgetter(*indices)  # type: ignore[return-value]
+    return itemgetter(*indices)
 
 
 class _Plan:
@@ -51,20 +52,26 @@ class _Plan:
     """
 
     __slots__ = (
-        "layout",
-        "own",
-        "managed",
-        "own_mask",
         "free",
-        "pick_free",
-        "restore",
-        "pick_restore",
-        "last_vals",
         "last_record",
+        "last_vals",
+        "layout",
+        "managed",
+        "own",
+        "own_mask",
+        "pick_free",
+        "pick_restore",
+        "restore",
     )
 
-    def __init__(self, layout: tuple[Any, ...], own: tuple[Any, ...], managed: tuple[Any, ...],
-                 own_mask: tuple[bool, ...], restore_idx: list[int]) -> None:
+    def __init__(
+        self,
+        layout: tuple[Any, ...],
+        own: tuple[Any, ...],
+        managed: tuple[Any, ...],
+        own_mask: tuple[bool, ...],
+        restore_idx: list[int],
+    ) -> None:
         self.layout = layout
         self.own = own
         self.managed = managed
@@ -92,7 +99,7 @@ class _Plan:
 class _ModuleState:
     """Per-module bookkeeping: cached plans and the stack of open (or nested statement) toggles."""
 
-    __slots__ = ("plans", "stack", "__weakref__")
+    __slots__ = ("__weakref__", "plans", "stack")
 
     def __init__(self) -> None:
         self.plans: dict[int, _Plan] = {}
@@ -113,7 +120,7 @@ def _unwrap(optimizer: Any) -> Any:
     """The torch optimizer behind a ``LightningOptimizer`` (of either flavour), else itself."""
     for cls in _LIGHTNING_OPTIMIZERS:
         if isinstance(optimizer, cls):
-            return optimizer._optimizer
+            return optimizer._optimizer  # type: ignore[attr-defined]
     return optimizer
 
 
@@ -124,10 +131,7 @@ def _params_of(optimizer: Any) -> tuple[Any, ...]:
 def _check_optimizer(optimizer: Any) -> None:
     """Reject anything that is not an optimizer before a single ``requires_grad`` changes."""
     groups = getattr(optimizer, "param_groups", None)
-    if (
-        isinstance(groups, (list, tuple))
-        and all(isinstance(g, dict) and "params" in g for g in groups)
-    ):
+    if isinstance(groups, (list, tuple)) and all(isinstance(g, dict) and "params" in g for g in groups):
         return
     raise TypeError(
         "toggle_optimizer() expects an optimizer (a torch.optim.Optimizer or the LightningOptimizer "
@@ -169,7 +173,7 @@ def _plan_for(module: Any, state: _ModuleState, opts: Sequence[Any], optimizer: 
     # Lightning's untoggle restores every optimizer's parameters but the toggled one's (by identity,
     # a LightningOptimizer matching its inner optimizer); a parameter shared with it is restored too.
     restored: set[int] = set()
-    for (oid, params), o in zip(layout, opts):
+    for (_, params), o in zip(layout, opts):
         if o is not optimizer and o is not inner:
             restored.update(id(p) for p in params)
     plan = _Plan(
@@ -199,11 +203,25 @@ class Toggle(Generic[_OptT]):
     optimizer or any parameter.
     """
 
-    __slots__ = ("_module", "_optimizer", "_zero_grad", "_step", "_plan", "_vals", "_record",
-                 "_nested", "_entry", "_prev_record", "_entered", "_done", "_sync")
+    __slots__ = (
+        "_done",
+        "_entered",
+        "_entry",
+        "_module",
+        "_nested",
+        "_optimizer",
+        "_plan",
+        "_prev_record",
+        "_record",
+        "_step",
+        "_sync",
+        "_vals",
+        "_zero_grad",
+    )
 
-    def __init__(self, module: Any, optimizer: _OptT, zero_grad: bool = True, step: bool = True,
-                 sync_grad: bool = True) -> None:
+    def __init__(
+        self, module: Any, optimizer: _OptT, zero_grad: bool = True, step: bool = True, sync_grad: bool = True
+    ) -> None:
         for flag, value in (("zero_grad", zero_grad), ("step", step), ("sync_grad", sync_grad)):
             if not isinstance(value, (bool, int)):
                 raise TypeError(f"toggle_optimizer(): {flag} must be True or False, got {value!r}")
@@ -256,9 +274,7 @@ class Toggle(Generic[_OptT]):
         if mine_plan.managed != plan.managed:  # the trainer's optimizers changed in between
             recorded = {id(p): v for p, v in zip(mine_plan.managed, self._vals)}
             live = {id(p) for p, m in zip(mine_plan.managed, mine_plan.own_mask) if m}
-            return tuple(
-                n if id(p) in live else recorded.get(id(p), n) for p, n in zip(plan.managed, now)
-            )
+            return tuple(n if id(p) in live else recorded.get(id(p), n) for p, n in zip(plan.managed, now))
         return tuple(n if m else v for n, m, v in zip(now, mine_plan.own_mask, self._vals))
 
     # -- the block ---------------------------------------------------------------------------
@@ -291,8 +307,9 @@ class Toggle(Generic[_OptT]):
             raise
         return self._optimizer  # type: ignore[return-value]
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> bool:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         if not self._entered or self._done:
             raise RuntimeError("this toggle's block is not open")
         try:
@@ -356,8 +373,9 @@ class Toggle(Generic[_OptT]):
         return f"<toggleshim.Toggle {status} optimizer={type(self._optimizer).__name__}>"
 
 
-def toggle(module: Any, optimizer: _OptT, zero_grad: bool = True, step: bool = True,
-           sync_grad: bool = True) -> Toggle[_OptT]:
+def toggle(
+    module: Any, optimizer: _OptT, zero_grad: bool = True, step: bool = True, sync_grad: bool = True
+) -> Toggle[_OptT]:
     """Typed entry point: ``with toggleshim.toggle(self, opt):`` is ``with self.toggle_optimizer(opt):``.
 
     Static checkers read Lightning's ``toggle_optimizer(...) -> None`` and reject it in a ``with``;

@@ -10,6 +10,19 @@
 See README "Testing your own module" for running them against your own LightningModule.
 """
 
+from toggleshim.testing.harness import (
+    InjectedFault,
+    ManualDriver,
+    Mismatch,
+    ShimDriver,
+    World,
+    assert_toggle_equivalent,
+    assert_toggle_equivalent_in_trainer,
+    build_world,
+    compare_runs,
+    installed_flavours,
+    run_program,
+)
 from toggleshim.testing.model import ToggleModel, expected_calls, lightning_toggle, lightning_untoggle
 from toggleshim.testing.specs import (
     Backward,
@@ -26,23 +39,34 @@ from toggleshim.testing.specs import (
     programs,
     worlds,
 )
-from toggleshim.testing.harness import (
-    InjectedFault,
-    ManualDriver,
-    Mismatch,
-    ShimDriver,
-    World,
-    assert_toggle_equivalent,
-    assert_toggle_equivalent_in_trainer,
-    build_world,
-    compare_runs,
-    installed_flavours,
-    run_program,
-)
 
 __all__ = [
-    "Backward", "Block", "GraphSpec", "InjectedFault", "LayerSpec", "ManualDriver", "Mismatch",
-    "OptimizerSpec", "Raise", "SetRequiresGrad", "ShimDriver", "Statement", "ToggleModel", "World",
-    "WorldSpec", "assert_toggle_equivalent", "assert_toggle_equivalent_in_trainer", "build_world", "compare_runs", "expected_calls", "graphs", "installed_flavours",
-    "lightning_toggle", "lightning_untoggle", "optimizer_partitions", "programs", "run_program", "worlds",
+    "Backward",
+    "Block",
+    "GraphSpec",
+    "InjectedFault",
+    "LayerSpec",
+    "ManualDriver",
+    "Mismatch",
+    "OptimizerSpec",
+    "Raise",
+    "SetRequiresGrad",
+    "ShimDriver",
+    "Statement",
+    "ToggleModel",
+    "World",
+    "WorldSpec",
+    "assert_toggle_equivalent",
+    "assert_toggle_equivalent_in_trainer",
+    "build_world",
+    "compare_runs",
+    "expected_calls",
+    "graphs",
+    "installed_flavours",
+    "lightning_toggle",
+    "lightning_untoggle",
+    "optimizer_partitions",
+    "programs",
+    "run_program",
+    "worlds",
 ]

@@ -10,11 +10,12 @@ is also recorded as a snapshot, so two worlds can be compared bitwise afterwards
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -87,15 +88,15 @@ def _make_layer(spec: Any) -> nn.Module:
     d = spec.dims
     skip = nn.utils.skip_init  # no draw from torch's global RNG: every value is filled from the seed
     if spec.kind == "linear":
-        return skip(nn.Linear, d[0], d[1], bias=spec.bias)
+        return cast(nn.Module, skip(nn.Linear, d[0], d[1], bias=spec.bias))  # type: ignore[no-untyped-call]
     if spec.kind == "conv1d":
-        return skip(nn.Conv1d, d[0], d[1], d[2], bias=spec.bias)
+        return cast(nn.Module, skip(nn.Conv1d, d[0], d[1], d[2], bias=spec.bias))  # type: ignore[no-untyped-call]
     if spec.kind == "embedding":
-        return skip(nn.Embedding, d[0], d[1])
+        return cast(nn.Module, skip(nn.Embedding, d[0], d[1]))  # type: ignore[no-untyped-call]
     if spec.kind == "layernorm":
-        return skip(nn.LayerNorm, d[0], bias=spec.bias)
+        return cast(nn.Module, skip(nn.LayerNorm, d[0], bias=spec.bias))  # type: ignore[no-untyped-call]
     if spec.kind == "batchnorm":
-        return skip(nn.BatchNorm1d, d[0])
+        return cast(nn.Module, skip(nn.BatchNorm1d, d[0]))  # type: ignore[no-untyped-call]
     raise ValueError(f"unknown layer kind {spec.kind!r}")
 
 
@@ -131,16 +132,23 @@ def build_graph(spec: GraphSpec, flavour: str = "lightning.pytorch") -> tuple[nn
 def _graph_terms(module: Any, inputs: list[torch.Tensor]) -> list[Callable[[], torch.Tensor]]:
     terms: list[Callable[[], torch.Tensor]] = []
     for layer, x in zip(module.layers, inputs):
-        terms.append(lambda layer=layer, x=x: layer(x).square().mean())
+        terms.append(functools.partial(_layer_term, layer, x))
     for p in module.loose:
-        terms.append(lambda p=p: (p * p).sum() * 0.5)
+        terms.append(functools.partial(_loose_term, p))
     return terms
+
+
+def _layer_term(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return cast(torch.Tensor, layer(x)).square().mean()
+
+
+def _loose_term(p: torch.Tensor) -> torch.Tensor:
+    return (p * p).sum() * 0.5
 
 
 def _build_optimizers(specs: Sequence[OptimizerSpec], params: list[nn.Parameter]) -> list[torch.optim.Optimizer]:
     return [
-        _OPTIMIZERS[s.kind]([{"params": [params[i] for i in idx], **dict(h)} for idx, h in s.groups])
-        for s in specs
+        _OPTIMIZERS[s.kind]([{"params": [params[i] for i in idx], **dict(h)} for idx, h in s.groups]) for s in specs
     ]
 
 
@@ -169,8 +177,7 @@ class World:
             for name in ("zero_grad", "step"):
                 original = getattr(opt, name)
 
-                def wrapper(*args: Any, _k: int = k, _name: str = name, _orig: Any = original,
-                            **kwargs: Any) -> Any:
+                def wrapper(*args: Any, _k: int = k, _name: str = name, _orig: Any = original, **kwargs: Any) -> Any:
                     self.calls.append((_name, _k))
                     armed = self.fault
                     if armed is not None and armed[1] == _k and armed[0] in (_name, f"{_name}_after"):
@@ -197,8 +204,7 @@ def build_world(spec: WorldSpec, flavour: str = "lightning.pytorch") -> World:
         params[i].requires_grad_(False)
     optimizers = _build_optimizers(spec.optimizers, params)
     _stand_in_trainer(module, optimizers)
-    world = World(module, params, list(optimizers), _graph_terms(module, inputs),
-                  _optimizer_params(optimizers, params))
+    world = World(module, params, list(optimizers), _graph_terms(module, inputs), _optimizer_params(optimizers, params))
     world.instrument()
     return world
 
@@ -331,7 +337,8 @@ class _Runner:
             diff = [
                 f"parameter `{names[i]}` is {'trainable' if got else 'frozen'}, the model says "
                 f"{'trainable' if want else 'frozen'}"
-                for i, (got, want) in enumerate(zip(snap.requires_grad, m.rg)) if got != want
+                for i, (got, want) in enumerate(zip(snap.requires_grad, m.rg))
+                if got != want
             ]
             raise Mismatch(f"{self.driver.name} world at {snap.where}: " + "; ".join(diff))
         want_record = None if m.record is None else tuple(m.record.items())
@@ -375,11 +382,12 @@ class _Runner:
             if hasattr(w.module, "_trainer") and not isinstance(w.module._trainer, SimpleNamespace):
                 w.module.manual_backward(loss)
             else:
-                loss.backward()
+                torch.autograd.backward(loss)
             self.point("backward")
         elif isinstance(op, Raise):
-            exc: BaseException = KeyboardInterrupt("injected") if op.kind == "interrupt" else InjectedFault(
-                "body failed")
+            exc: BaseException = (
+                KeyboardInterrupt("injected") if op.kind == "interrupt" else InjectedFault("body failed")
+            )
             w.raised.append(exc)
             raise exc
         elif isinstance(op, Block):
@@ -489,14 +497,16 @@ def compare_runs(a: Run, b: Run, world: World | None = None) -> None:
             raise Mismatch(f"the runs took different paths: {sa.where} vs {sb.where}")
         for i, (x, y) in enumerate(zip(sa.requires_grad, sb.requires_grad)):
             if x != y:
-                raise Mismatch(f"at {where}, parameter {name(i)} is {'trainable' if x else 'frozen'} in one "
-                               f"world and {'trainable' if y else 'frozen'} in the other")
+                raise Mismatch(
+                    f"at {where}, parameter {name(i)} is {'trainable' if x else 'frozen'} in one "
+                    f"world and {'trainable' if y else 'frozen'} in the other"
+                )
         if sa.record != sb.record:
             raise Mismatch(f"at {where}, _param_requires_grad_state differs: {sa.record} vs {sb.record}")
-        for i, (x, y) in enumerate(zip(sa.grads, sb.grads)):
-            if not _bitwise(x, y):
-                what = "None" if x is None else "a tensor"
-                other = "None" if y is None else "a tensor"
+        for i, (ga, gb) in enumerate(zip(sa.grads, sb.grads)):
+            if not _bitwise(ga, gb):
+                what = "None" if ga is None else "a tensor"
+                other = "None" if gb is None else "a tensor"
                 raise Mismatch(f"at {where}, the gradient of {name(i)} differs ({what} vs {other})")
         if (sa.full is None) != (sb.full is None):
             raise Mismatch(f"at {where}, the runs took different paths")
@@ -530,8 +540,14 @@ def assert_toggle_equivalent(spec: WorldSpec, flavour: str = "lightning.pytorch"
 # -- under a real Trainer -----------------------------------------------------------------------
 
 
-def run_in_trainer(spec: WorldSpec, driver: Any, flavour: str = "lightning.pytorch",
-                   check_model: bool = True, batches: int = 1, **trainer_kwargs: Any) -> tuple[Run, World]:
+def run_in_trainer(
+    spec: WorldSpec,
+    driver: Any,
+    flavour: str = "lightning.pytorch",
+    check_model: bool = True,
+    batches: int = 1,
+    **trainer_kwargs: Any,
+) -> tuple[Run, World]:
     """Run ``spec.program`` inside ``Trainer.fit`` (manual optimization, CPU): the program runs in
     every ``training_step`` (``batches`` of them) through the ``LightningOptimizer`` s that
     ``self.optimizers()`` returns, so steps go through Lightning's strategy and precision plugin and
@@ -547,15 +563,25 @@ def run_in_trainer(spec: WorldSpec, driver: Any, flavour: str = "lightning.pytor
     def training_step(self: Any, batch: Any, batch_idx: int) -> None:
         opts = self.optimizers()
         opts = list(opts) if isinstance(opts, (list, tuple)) else [opts]
-        world = World(self, params, opts, _graph_terms(self, inputs), _optimizer_params(optimizers, params),
-                      global_step=lambda: int(self.trainer.global_step))
+        world = World(
+            self,
+            params,
+            opts,
+            _graph_terms(self, inputs),
+            _optimizer_params(optimizers, params),
+            global_step=lambda: int(self.trainer.global_step),
+        )
         world.instrument()
         try:
             run = run_program(world, spec.program, driver, check_model)
             if "run" in result:
                 prev = result["run"]
-                run = Run(prev.snapshots + run.snapshots, prev.outcomes + run.outcomes,
-                          prev.calls + run.calls, prev.expected_calls + run.expected_calls)
+                run = Run(
+                    prev.snapshots + run.snapshots,
+                    prev.outcomes + run.outcomes,
+                    prev.calls + run.calls,
+                    prev.expected_calls + run.expected_calls,
+                )
             result["run"] = run
         finally:
             for opt in opts:  # the wrappers go: Lightning keeps these objects after fit
@@ -564,16 +590,26 @@ def run_in_trainer(spec: WorldSpec, driver: Any, flavour: str = "lightning.pytor
         result["world"] = world
 
     def train_dataloader(self: Any) -> Any:
-        return torch.utils.data.DataLoader(torch.zeros(batches, 1), batch_size=1)
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(batches, 1)), batch_size=1)
 
     module.__class__ = type(
-        "TrainerGraphModule", (type(module),),
-        {"training_step": training_step, "train_dataloader": train_dataloader,
-         "configure_optimizers": lambda self: optimizers},
+        "TrainerGraphModule",
+        (type(module),),
+        {
+            "training_step": training_step,
+            "train_dataloader": train_dataloader,
+            "configure_optimizers": lambda self: optimizers,
+        },
     )
     options: dict[str, Any] = dict(
-        accelerator="cpu", devices=1, max_steps=-1, max_epochs=1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        max_steps=-1,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         num_sanity_val_steps=0,
     )
     trainer = pl.Trainer(**{**options, **trainer_kwargs})
@@ -583,16 +619,16 @@ def run_in_trainer(spec: WorldSpec, driver: Any, flavour: str = "lightning.pytor
     return result["run"], result["world"]
 
 
-def assert_toggle_equivalent_in_trainer(spec: WorldSpec, flavour: str = "lightning.pytorch",
-                                        batches: int = 1, **trainer_kwargs: Any) -> Run:
+def assert_toggle_equivalent_in_trainer(
+    spec: WorldSpec, flavour: str = "lightning.pytorch", batches: int = 1, **trainer_kwargs: Any
+) -> Run:
     """:func:`assert_toggle_equivalent` inside two real ``Trainer.fit`` runs (flat programs only);
     returns the shim's run (its snapshots carry ``global_step``)."""
     if spec.nested:
         raise ValueError("the manual sequence has no nesting rule: pass a flat program")
     shim, world = run_in_trainer(spec, ShimDriver(), flavour, batches=batches, **trainer_kwargs)
     check_calls(shim)
-    manual, _ = run_in_trainer(spec, ManualDriver.for_flavour(flavour), flavour, batches=batches,
-                               **trainer_kwargs)
+    manual, _ = run_in_trainer(spec, ManualDriver.for_flavour(flavour), flavour, batches=batches, **trainer_kwargs)
     check_calls(manual, "manual")
     compare_runs(shim, manual, world)
     return shim

@@ -20,8 +20,9 @@ __all__ = ["Frame", "ToggleModel", "expected_calls", "lightning_toggle", "lightn
 Optimizers = list[list[int]]
 
 
-def lightning_toggle(rg: list[bool], optimizers: Optimizers, k: int, opt_params: list[int] | None = None
-                     ) -> dict[int, bool]:
+def lightning_toggle(
+    rg: list[bool], optimizers: Optimizers, k: int, opt_params: list[int] | None = None
+) -> dict[int, bool]:
     """``LightningModule.toggle_optimizer``: freeze every managed parameter, give the toggled one's back.
 
     Returns the record Lightning stores as ``_param_requires_grad_state`` (first-seen order).
@@ -52,8 +53,7 @@ def lightning_untoggle(rg: list[bool], record: dict[int, bool], optimizers: Opti
                     rg[i] = record[i]
 
 
-def expected_calls(k: int, zero_grad: bool, step: bool, body_completed: bool | None
-                   ) -> list[tuple[str, int]]:
+def expected_calls(k: int, zero_grad: bool, step: bool, body_completed: bool | None) -> list[tuple[str, int]]:
     """The optimizer calls a block makes: ``zero_grad`` on entry (``body_completed=None``: the entry
     alone), ``step`` on exit only after a clean body (``body_completed``: the exit alone)."""
     if body_completed is None:

@@ -160,17 +160,26 @@ def graphs(draw: st.DrawFn, max_layers: int = 5) -> GraphSpec:
 
 _HYPER = {
     "sgd": st.fixed_dictionaries(
-        {"lr": st.sampled_from([0.1, 0.05]), "momentum": st.sampled_from([0.0, 0.9]),
-         "weight_decay": st.sampled_from([0.0, 0.01])}
+        {
+            "lr": st.sampled_from([0.1, 0.05]),
+            "momentum": st.sampled_from([0.0, 0.9]),
+            "weight_decay": st.sampled_from([0.0, 0.01]),
+        }
     ),
     "adam": st.fixed_dictionaries(
-        {"lr": st.sampled_from([0.01, 0.001]), "weight_decay": st.sampled_from([0.0, 0.01]),
-         "amsgrad": st.booleans()}
+        {
+            "lr": st.sampled_from([0.01, 0.001]),
+            "weight_decay": st.sampled_from([0.0, 0.01]),
+            "amsgrad": st.booleans(),
+        }
     ),
     "adamw": st.fixed_dictionaries({"lr": st.sampled_from([0.01, 0.001]), "weight_decay": st.just(0.01)}),
     "rmsprop": st.fixed_dictionaries(
-        {"lr": st.sampled_from([0.01, 0.001]), "momentum": st.sampled_from([0.0, 0.5]),
-         "centered": st.booleans()}
+        {
+            "lr": st.sampled_from([0.01, 0.001]),
+            "momentum": st.sampled_from([0.0, 0.5]),
+            "centered": st.booleans(),
+        }
     ),
     "adagrad": st.fixed_dictionaries({"lr": st.sampled_from([0.1, 0.01])}),
 }
@@ -178,8 +187,7 @@ OPTIMIZER_KINDS = tuple(_HYPER)
 
 
 @st.composite
-def optimizer_partitions(draw: st.DrawFn, n_params: int, max_optimizers: int = 4
-                         ) -> tuple[OptimizerSpec, ...]:
+def optimizer_partitions(draw: st.DrawFn, n_params: int, max_optimizers: int = 4) -> tuple[OptimizerSpec, ...]:
     """Optimizers over parameter numbers: 1..max_optimizers (4: the issue's bound), with overlap
     (a parameter in two optimizers), parameters in none, and 1-2 param groups each."""
     n_opt = draw(st.integers(1, min(max_optimizers, n_params)))
@@ -210,8 +218,14 @@ def optimizer_partitions(draw: st.DrawFn, n_params: int, max_optimizers: int = 4
 
 
 @functools.lru_cache(maxsize=256)  # building (and validating) a recursive strategy costs more than a draw
-def programs(n_optimizers: int, n_params: int, n_terms: int, max_ops: int = 4, nesting: bool = True,
-             faults: bool = True) -> st.SearchStrategy[tuple[object, ...]]:
+def programs(
+    n_optimizers: int,
+    n_params: int,
+    n_terms: int,
+    max_ops: int = 4,
+    nesting: bool = True,
+    faults: bool = True,
+) -> st.SearchStrategy[tuple[object, ...]]:
     """Random programs over the optimizers: blocks, statements, user changes, backward, faults.
 
     ``max_ops`` bounds each body (4: several blocks per world while a world stays ~10 ms);
@@ -261,8 +275,9 @@ def n_parameters(graph: GraphSpec) -> int:
 
 
 @st.composite
-def worlds(draw: st.DrawFn, nesting: bool = True, faults: bool = True, max_optimizers: int = 4,
-           max_ops: int = 4) -> WorldSpec:
+def worlds(
+    draw: st.DrawFn, nesting: bool = True, faults: bool = True, max_optimizers: int = 4, max_ops: int = 4
+) -> WorldSpec:
     """A whole world: graph -> frozen parameters -> optimizer partition -> program."""
     graph = draw(graphs())
     n = n_parameters(graph)
