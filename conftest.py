@@ -25,6 +25,11 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
+if os.environ.get("TOGGLESHIM_MUTANT"):  # scripts/mutation_score.py: plant one bug, expect failures
+    from toggleshim.testing.mutants import apply
+
+    apply(os.environ["TOGGLESHIM_MUTANT"])
+
 FLAVOURS = installed_flavours()
 if not FLAVOURS:
     raise RuntimeError("no Lightning flavour is installed: pip install lightning")

@@ -298,6 +298,34 @@ def test_block_is_bitwise_the_manual_sequence(flavour: str) -> None:
             assert str(shim.opts[k].state_dict()) == str(ref.opts[k].state_dict())
 
 
+def test_cached_plan_follows_parameter_changes(flavour: str) -> None:
+    shim, ref = three_heads(flavour), three_heads(flavour)
+    for m in (shim, ref):
+        with torch.no_grad():  # equal values everywhere: a cache comparing tensors by value is fooled
+            for p in m.parameters():
+                p.fill_(1.0)
+    with shim.toggle_optimizer(shim.opts[0], step=False):
+        pass
+    for m in (shim, ref):  # move a parameter between optimizers, in place
+        moved = m.opts[1].param_groups[0]["params"].pop()
+        m.opts[0].param_groups[0]["params"].append(moved)
+    shim.toggle_optimizer(shim.opts[0])
+    lightning_toggle(flavour, ref, ref.opts[0])
+    assert state(shim) == state(ref)
+    shim.untoggle_optimizer(shim.opts[0])
+    stray = torch.optim.SGD([shim.a.weight], lr=0.1)  # not a trainer optimizer, but its params are
+    with shim.toggle_optimizer(stray, step=False):
+        pass
+    stray.param_groups[0]["params"][0] = shim.c.weight  # held by no trainer optimizer
+    with pytest.raises(ValueError, match="'c.weight'"):
+        shim.toggle_optimizer(stray)
+    for size in (3, 4):  # re-created optimizers over fresh tensors of other shapes
+        fresh = torch.nn.Parameter(torch.ones(size))
+        shim._trainer.optimizers = [torch.optim.SGD([fresh], lr=0.1)]
+        with shim.toggle_optimizer(shim._trainer.optimizers[0], step=False):
+            assert fresh.requires_grad
+
+
 # nesting
 
 

@@ -53,11 +53,10 @@ class _Plan:
 
     __slots__ = (
         "free",
+        "key",
         "last_record",
         "last_vals",
-        "layout",
         "managed",
-        "own",
         "own_mask",
         "pick_free",
         "pick_restore",
@@ -65,16 +64,10 @@ class _Plan:
     )
 
     def __init__(
-        self,
-        layout: tuple[Any, ...],
-        own: tuple[Any, ...],
-        managed: tuple[Any, ...],
-        own_mask: tuple[bool, ...],
-        restore_idx: list[int],
+        self, key: tuple[Any, ...], managed: tuple[Any, ...], own_mask: tuple[bool, ...], restore_idx: list[int]
     ) -> None:
-        self.layout = layout
-        self.own = own
-        self.managed = managed
+        self.key = key
+        self.managed = managed  # holds every parameter the key names: their ids stay unique
         self.own_mask = own_mask
         free_idx = [i for i, mine in enumerate(own_mask) if not mine]
         self.free = tuple(managed[i] for i in free_idx)
@@ -140,6 +133,12 @@ def _check_optimizer(optimizer: Any) -> None:
     )
 
 
+def _check_flags(**flags: Any) -> None:
+    for flag, value in flags.items():
+        if not isinstance(value, (bool, int)):
+            raise TypeError(f"toggle_optimizer(): {flag} must be True or False, got {value!r}")
+
+
 def _param_name(module: Any, param: Any) -> str:
     for name, p in module.named_parameters(remove_duplicate=False):
         if p is param:
@@ -148,20 +147,35 @@ def _param_name(module: Any, param: Any) -> str:
 
 
 def _plan_for(module: Any, state: _ModuleState, opts: Sequence[Any], optimizer: Any) -> _Plan:
-    """The cached plan for ``optimizer``, validated against the current layout, or a new one."""
+    """The cached plan for ``optimizer``, validated against the current layout, or a new one.
+
+    The cache key is made of object *identities* (never ``==`` on tensors, which compares values);
+    ids are stable here because the plan holds every parameter it was built from.
+    """
     inner = _unwrap(optimizer)
-    layout = tuple((id(o), _params_of(o)) for o in opts)
-    own = _params_of(inner)
+    try:
+        per_opt = [_params_of(o) for o in opts]
+        own = _params_of(inner)
+    except Exception:
+        _check_optimizer(optimizer)  # a clear TypeError for a non-optimizer, else the original error
+        raise
+    key = (
+        tuple(map(id, opts)),
+        tuple(map(len, per_opt)),
+        tuple(map(id, chain.from_iterable(per_opt))),
+        tuple(map(id, own)),
+        id(optimizer),
+    )
     plan = state.plans.get(id(inner))
-    if plan is not None and plan.layout == layout and plan.own == own:
+    if plan is not None and plan.key == key:
         return plan
+    _check_optimizer(optimizer)
     index: dict[int, int] = {}
     managed: list[Any] = []
-    for _, params in layout:
-        for p in params:
-            if id(p) not in index:
-                index[id(p)] = len(managed)
-                managed.append(p)
+    for p in chain.from_iterable(per_opt):
+        if id(p) not in index:
+            index[id(p)] = len(managed)
+            managed.append(p)
     strangers = [p for p in own if id(p) not in index]
     if strangers:
         raise ValueError(
@@ -173,12 +187,11 @@ def _plan_for(module: Any, state: _ModuleState, opts: Sequence[Any], optimizer: 
     # Lightning's untoggle restores every optimizer's parameters but the toggled one's (by identity,
     # a LightningOptimizer matching its inner optimizer); a parameter shared with it is restored too.
     restored: set[int] = set()
-    for (_, params), o in zip(layout, opts):
+    for params, o in zip(per_opt, opts):
         if o is not optimizer and o is not inner:
             restored.update(id(p) for p in params)
     plan = _Plan(
-        layout,
-        own,
+        key,
         tuple(managed),
         tuple(id(p) in own_ids for p in managed),
         [i for i, p in enumerate(managed) if id(p) in restored],
@@ -213,6 +226,7 @@ class Toggle(Generic[_OptT]):
         "_plan",
         "_prev_record",
         "_record",
+        "_state",
         "_step",
         "_sync",
         "_vals",
@@ -222,15 +236,14 @@ class Toggle(Generic[_OptT]):
     def __init__(
         self, module: Any, optimizer: _OptT, zero_grad: bool = True, step: bool = True, sync_grad: bool = True
     ) -> None:
-        for flag, value in (("zero_grad", zero_grad), ("step", step), ("sync_grad", sync_grad)):
-            if not isinstance(value, (bool, int)):
-                raise TypeError(f"toggle_optimizer(): {flag} must be True or False, got {value!r}")
+        if zero_grad.__class__ is not bool or step.__class__ is not bool or sync_grad.__class__ is not bool:
+            _check_flags(zero_grad=zero_grad, step=step, sync_grad=sync_grad)
         trainer = module.trainer  # Lightning's own RuntimeError when not attached to a Trainer
-        _check_optimizer(optimizer)
         state = _state(module)
-        plan = _plan_for(module, state, trainer.optimizers, optimizer)
+        plan = _plan_for(module, state, trainer.optimizers, optimizer)  # validates; raises before any change
         # -- validated: from here on we change things --
         self._module: Any = module
+        self._state: _ModuleState | None = state
         self._optimizer: _OptT | None = optimizer
         self._zero_grad = bool(zero_grad)
         self._step = bool(step)
@@ -264,7 +277,8 @@ class Toggle(Generic[_OptT]):
             state.stack.append(self)
         self._vals: tuple[bool, ...] | None = user
         self._record: dict[Any, bool] | None = record
-        module._param_requires_grad_state = record
+        # Lightning assigns through nn.Module.__setattr__, which stores a dict in __dict__ (10x slower).
+        module.__dict__["_param_requires_grad_state"] = record
 
     # -- nesting ----------------------------------------------------------------------------
 
@@ -286,7 +300,8 @@ class Toggle(Generic[_OptT]):
                 "this toggle was already used: a toggle object is single-use, write "
                 "`with self.toggle_optimizer(opt):` for each block; nothing was changed"
             )
-        state = _state(module)
+        state = self._state
+        assert state is not None
         current = module.__dict__.get("_param_requires_grad_state")
         if current is not self._record or (self._nested and state.stack[-1] is not self):
             raise RuntimeError(
@@ -316,7 +331,7 @@ class Toggle(Generic[_OptT]):
             if exc_type is None and self._step:
                 self._optimizer.step()  # type: ignore[union-attr]
         finally:
-            self._close(_state(self._module))
+            self._close(self._state)  # type: ignore[arg-type]
         return False  # never swallow
 
     # -- leaving -----------------------------------------------------------------------------
@@ -352,19 +367,19 @@ class Toggle(Generic[_OptT]):
                 for p, was in zip(plan.managed, self._entry):
                     if p.requires_grad is not was:
                         p.requires_grad = was
-                module._param_requires_grad_state = self._prev_record
+                module.__dict__["_param_requires_grad_state"] = self._prev_record
             else:
                 for p, was in zip(plan.restore, plan.pick_restore(self._vals)):
                     p.requires_grad = was
-                module._param_requires_grad_state = {}
+                module.__dict__["_param_requires_grad_state"] = {}
         finally:
-            self._module = self._optimizer = self._plan = None
+            self._module = self._optimizer = self._plan = self._state = None
             self._vals = self._entry = self._record = self._prev_record = None
 
     def _untoggle_statement(self) -> None:
         """``untoggle_optimizer`` called on a nested statement toggle: close it as a nested block."""
-        state = _state(self._module)
-        if state.stack and state.stack[-1] is self:
+        state = self._state
+        if state is not None and state.stack and state.stack[-1] is self:
             state.stack.pop()
         self._undo()
 
