@@ -317,7 +317,7 @@ def test_cached_plan_follows_parameter_changes(flavour: str) -> None:
     with shim.toggle_optimizer(stray, step=False):
         pass
     stray.param_groups[0]["params"][0] = shim.c.weight  # held by no trainer optimizer
-    with pytest.raises(ValueError, match="'c.weight'"):
+    with pytest.raises(ValueError, match=r"'c\.weight'"):
         shim.toggle_optimizer(stray)
     for size in (3, 4):  # re-created optimizers over fresh tensors of other shapes
         fresh = torch.nn.Parameter(torch.ones(size))
@@ -376,9 +376,12 @@ def test_statement_toggle_inside_a_block_nests_and_is_unwound(flavour: str) -> N
 def test_exception_through_nested_blocks(flavour: str) -> None:
     module = three_heads(flavour)
     err = ValueError("deep")
-    with pytest.raises(ValueError) as info, module.toggle_optimizer(module.opts[0]):
-        with module.toggle_optimizer(module.opts[1]):
-            raise err
+    with (
+        pytest.raises(ValueError) as info,
+        module.toggle_optimizer(module.opts[0]),
+        module.toggle_optimizer(module.opts[1]),
+    ):
+        raise err
     assert info.value is err
     assert all(state(module).values())
 
@@ -390,7 +393,7 @@ def test_foreign_parameter_names_it_and_changes_nothing(flavour: str) -> None:
     module = three_heads(flavour, frozen=True)
     stray = torch.optim.SGD([module.c.weight], lr=0.1)  # c is in no optimizer of the trainer
     before = state(module)
-    with pytest.raises(ValueError, match="'c.weight'.*none of trainer.optimizers"):
+    with pytest.raises(ValueError, match=r"'c\.weight'.*none of trainer\.optimizers"):
         module.toggle_optimizer(stray)
     assert state(module) == before
     outsider = torch.optim.SGD([torch.nn.Parameter(torch.ones(3))], lr=0.1)
@@ -479,7 +482,7 @@ def _with_replaced(flavour: str, fn: Any) -> list[str]:
     cls = pl(flavour).LightningModule
     toggleshim.uninstall()
     original = vars(cls)["toggle_optimizer"]
-    setattr(cls, "toggle_optimizer", fn)
+    cls.toggle_optimizer = fn
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -488,7 +491,7 @@ def _with_replaced(flavour: str, fn: Any) -> list[str]:
         assert vars(cls)["untoggle_optimizer"] is ORIGINAL[(flavour, "untoggle_optimizer")]
         return [str(w.message) for w in caught if issubclass(w.category, ToggleshimWarning)]
     finally:
-        setattr(cls, "toggle_optimizer", original)
+        cls.toggle_optimizer = original
         toggleshim.install()
 
 

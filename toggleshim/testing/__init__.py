@@ -16,6 +16,7 @@ from toggleshim.testing.harness import (
     Mismatch,
     ShimDriver,
     World,
+    assert_lightning_follows_model,
     assert_toggle_equivalent,
     assert_toggle_equivalent_in_trainer,
     build_world,
@@ -25,6 +26,8 @@ from toggleshim.testing.harness import (
 )
 from toggleshim.testing.model import ToggleModel, expected_calls, lightning_toggle, lightning_untoggle
 from toggleshim.testing.specs import (
+    FLAT_EXAMPLES,
+    NESTED_EXAMPLES,
     Backward,
     Block,
     GraphSpec,
@@ -41,6 +44,8 @@ from toggleshim.testing.specs import (
 )
 
 __all__ = [
+    "FLAT_EXAMPLES",
+    "NESTED_EXAMPLES",
     "Backward",
     "Block",
     "GraphSpec",
@@ -56,6 +61,7 @@ __all__ = [
     "ToggleModel",
     "World",
     "WorldSpec",
+    "assert_lightning_follows_model",
     "assert_toggle_equivalent",
     "assert_toggle_equivalent_in_trainer",
     "build_world",

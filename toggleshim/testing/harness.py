@@ -649,3 +649,15 @@ def installed_flavours() -> list[str]:
             continue
         found.append(name)
     return found
+
+
+def assert_lightning_follows_model(spec: WorldSpec, flavour: str = "lightning.pytorch") -> None:
+    """Lightning's *own* methods, driven by the manual sequence, against the model (flat programs).
+
+    The regression guard for Lightning upgrades: the differential check cannot see a change that
+    both worlds share, this one can.
+    """
+    if spec.nested:
+        raise ValueError("the manual sequence has no nesting rule: pass a flat program")
+    run = run_program(build_world(spec, flavour), spec.program, ManualDriver.for_flavour(flavour))
+    check_calls(run, "manual")

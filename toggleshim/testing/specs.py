@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 
 __all__ = [
+    "FLAT_EXAMPLES",
+    "NESTED_EXAMPLES",
     "Backward",
     "Block",
     "GraphSpec",
@@ -286,3 +288,26 @@ def worlds(
     n_terms = len(graph.layers) + len(graph.loose)
     program = draw(programs(len(optimizers), n, n_terms, max_ops=max_ops, nesting=nesting, faults=faults))
     return WorldSpec(graph, frozen, optimizers, program)
+
+
+# -- hand-picked worlds every run includes (Hypothesis ``@example``) ----------------------------
+
+_SGD = (("lr", 0.1), ("momentum", 0.9), ("weight_decay", 0.0))
+_ADAM = (("amsgrad", False), ("lr", 0.01), ("weight_decay", 0.0))
+# Two linear layers, weight+bias each: parameters 0..3; parameter 1 is in both optimizers.
+_TWO = GraphSpec((LayerSpec("linear", (2, 2)), LayerSpec("linear", (2, 2))), seed=7)
+_SHARED = (OptimizerSpec("sgd", (((0, 1), _SGD),)), OptimizerSpec("adam", (((1, 2, 3), _ADAM),)))
+
+#: Flat worlds that touch each documented rule once: a user-frozen parameter, a shared parameter,
+#: a user change inside a block, an interrupt and a failing step, a block inside a statement toggle.
+FLAT_EXAMPLES = (
+    WorldSpec(_TWO, (0,), _SHARED, (Block(1, (Backward((0, 1)),)), Block(0, (Backward((1,)),)))),
+    WorldSpec(_TWO, (), _SHARED, (Block(0, (SetRequiresGrad(1, False), Backward((0,)))), Block(1))),
+    WorldSpec(_TWO, (), _SHARED, (Block(1, (Backward((1,)), Raise("interrupt"))), Block(1, fail="step"))),
+    WorldSpec(_TWO, (), _SHARED, (Statement(0, (Block(1, (Backward((1,)),)),)),)),
+)
+#: Nested worlds: a block inside a block, a statement toggle left open inside a block.
+NESTED_EXAMPLES = (
+    WorldSpec(_TWO, (), _SHARED, (Block(0, (Block(1, (Backward((1,)),)), Backward((0,)))),)),
+    WorldSpec(_TWO, (), _SHARED, (Block(0, (Statement(1, (Raise(),)),)), Block(1, (Backward((1,)),)))),
+)

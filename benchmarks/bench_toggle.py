@@ -1,0 +1,813 @@
+#!/usr/bin/env python
+"""Benchmark toggleshim's toggle against Lightning's own toggling (issue "Performance").
+
+Run from the repository root::
+
+    python benchmarks/bench_toggle.py                 # full run (a few minutes on 2 cores)
+    python benchmarks/bench_toggle.py --quick         # fast smoke run
+    python benchmarks/bench_toggle.py --only ratios --json out.json
+    python benchmarks/bench_toggle.py --only profile  # cProfile of the block (not in the default run)
+    python benchmarks/bench_toggle.py --list          # the sections
+
+What is measured (section ``ratios``), per parameter count (``Parameter`` objects, each a
+``torch.zeros(4)``, registered through an ``nn.ParameterList`` and split into contiguous chunks, one
+per optimizer) and optimizer count (plain ``torch.optim.SGD``, small lr, no momentum). One timed
+"iteration" toggles every optimizer once in turn; times are reported per toggled optimizer.
+
+* ``block``      ``with module.toggle_optimizer(opt): body()`` (toggleshim: toggle, zero_grad on entry,
+                 step on clean exit, untoggle);
+* ``manual``     Lightning's ORIGINAL functions called with the module: ``toggle(module, opt)``,
+                 ``opt.zero_grad()``, ``body()``, ``opt.step()``, ``untoggle(module, opt)``;
+* ``toggled``    Lightning's ``toggled_optimizer`` (lightning >= 2.5.1) with ``opt.zero_grad()``,
+                 ``body()``, ``opt.step()`` inside, running on Lightning's ORIGINAL toggle/untoggle
+                 (see ``_lightning_twin``);
+* ``statement``  patched ``module.toggle_optimizer(opt)`` + ``module.untoggle_optimizer(opt)``;
+* ``original``   Lightning's original ``toggle`` + ``untoggle`` (the statement pair without the shim).
+
+``body()`` is the same function object in every variant: with body ``grad`` it gives each of the
+optimizer's parameters a ``.grad`` (one shared, preallocated tensor), so ``opt.step()`` does a real
+SGD update of every parameter; with body ``none`` it does nothing (``step`` then skips every parameter:
+the numbers isolate toggling from SGD's per-parameter work, leaving the optimizer's fixed costs).
+``--body both`` (default) measures both. ``zero_grad`` runs after the toggle in every variant.
+
+The table also gives a ``floor`` per row: ``1 - original/manual``, the block/manual ratio that a toggle
+costing nothing would reach, since the rest of ``manual`` (zero_grad, body, step) is in every variant.
+
+``toggled_optimizer`` calls ``self.toggle_optimizer``, which is the *patched* method while toggleshim is
+installed. To time Lightning's own context manager, the ``toggled`` variant runs on a *twin* module: an
+instance of a subclass whose class attributes ``toggle_optimizer`` / ``untoggle_optimizer`` are the
+``_toggleshim_original`` functions (``install()`` never touches a subclass's own methods). The twin holds
+the very same ``ParameterList``, optimizers and trainer stand-in, so ``toggled_optimizer`` (inherited,
+unmodified) runs Lightning's exact code on exactly the same parameters; the only difference from the
+other variants is the Python object ``self`` is bound to. (Calling the generator with the originals by
+hand, or uninstalling the patch between rounds, would either re-implement Lightning's code or perturb
+the interleaving; the twin does neither.)
+
+Method: every variant is first run once with a checking body (the toggled optimizer's parameters are
+live inside, every other parameter is frozen, everything is live again afterwards, SGD moved the
+parameters). Each variant is calibrated to a batch of about ``--batch-ms`` (at least one iteration).
+All variants of one configuration (both bodies, each on its own fixture, and the statement pair) are
+then timed in the same rounds, one batch each per round, in a freshly shuffled (seeded) order every
+round so that no variant always runs first or always after the same neighbour; as many rounds as
+fit in ``--budget-s``, between ``--min-rounds`` and ``--rounds``. Per variant the median of the
+per-round times is taken; a ratio is the ratio of two medians (bold). In brackets: the median and
+interquartile range of the per-round ratios (both variants of a ratio ran in the same round), a noise
+gauge: when the two disagree, rounds were disturbed unevenly.
+
+The clock is the process's CPU time (``time.process_time_ns``; ``--clock wall`` for wall time): on a
+machine shared with other work, time spent waiting for a core is not charged to the variant that
+happened to be running. torch runs single-threaded (``--threads``; the tensors are far too small for
+intra-op parallelism, and idle pool threads could only add noise to a process-wide CPU clock). The
+cyclic garbage collector is off while a batch runs, as in ``timeit`` (``--gc`` keeps it on). Absolute
+microseconds are still noise; the ratios measured interleaved are the result.
+
+Other sections: ``memory`` (tracemalloc over 100,000 blocks after a warm-up, see ``run_memory``),
+``weakref`` (after its block a Toggle keeps nothing alive, with a positive control) and, opt-in,
+``profile`` (cProfile of the block).
+
+Sections (``--only NAME[,NAME]``; the default runs every section marked default): a section is a
+function registered with ``@section``; it takes the parsed arguments, returns its Markdown, and puts
+its numbers into the JSON report under its own name. Add new sections the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import json
+import platform
+import pstats
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+import toggleshim
+
+try:
+    from lightning.pytorch import LightningModule
+
+    _FLAVOUR = "lightning.pytorch"
+except ImportError:  # pragma: no cover - only the standalone package installed
+    from pytorch_lightning import LightningModule
+
+    _FLAVOUR = "pytorch_lightning"
+
+ORIGINAL_TOGGLE: Any = getattr(vars(LightningModule)["toggle_optimizer"], "_toggleshim_original", None)
+ORIGINAL_UNTOGGLE: Any = getattr(vars(LightningModule)["untoggle_optimizer"], "_toggleshim_original", None)
+if ORIGINAL_TOGGLE is None or ORIGINAL_UNTOGGLE is None:
+    sys.exit(f"toggleshim is not installed on {_FLAVOUR}.LightningModule; nothing to compare")
+HAS_TOGGLED = "toggled_optimizer" in vars(LightningModule)  # lightning >= 2.5.1
+
+LR = 1e-6
+TARGET_AT_LARGE = 0.5  # block/manual at >= 1,000 parameters
+TARGET_EVERYWHERE = 1.0
+
+
+# -- sections -------------------------------------------------------------------------------
+
+@dataclass
+class Section:
+    name: str
+    run: Callable[[argparse.Namespace, dict[str, Any]], str]
+    default: bool
+    help: str
+
+
+SECTIONS: dict[str, Section] = {}
+
+
+def section(name: str, *, default: bool = True) -> Callable[[Callable[..., str]], Callable[..., str]]:
+    """Register ``fn(args, report) -> markdown`` as a section selectable with ``--only name``."""
+
+    def register(fn: Callable[..., str]) -> Callable[..., str]:
+        SECTIONS[name] = Section(name, fn, default, (fn.__doc__ or "").strip().splitlines()[0])
+        return fn
+
+    return register
+
+
+# -- fixture ----------------------------------------------------------------------------------
+
+class BenchModule(LightningModule):
+    """``n`` small parameters in an ``nn.ParameterList``; nothing else."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.params = nn.ParameterList([nn.Parameter(torch.zeros(4)) for _ in range(n)])
+
+
+def _lightning_twin() -> type[BenchModule]:
+    """A subclass on which toggle/untoggle are Lightning's originals (so is its toggled_optimizer)."""
+
+    class LightningOwn(BenchModule):
+        toggle_optimizer = ORIGINAL_TOGGLE
+        untoggle_optimizer = ORIGINAL_UNTOGGLE
+
+    return LightningOwn
+
+
+class TrainerStandIn:
+    """All that toggling reads from a Trainer: ``.optimizers``.
+
+    ``LightningModule.trainer`` is a property returning ``self._trainer`` (when no Fabric is attached
+    and it is not None); the ``trainer`` setter stores the stand-in there.
+    """
+
+    __slots__ = ("optimizers",)
+
+    def __init__(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        self.optimizers = optimizers
+
+
+@dataclass
+class Fixture:
+    n_params: int
+    n_opts: int
+    body_kind: str
+    module: BenchModule
+    twin: BenchModule
+    opts: list[torch.optim.SGD]
+    groups: list[list[nn.Parameter]]
+    bodies: list[Callable[[], None]]
+    variants: dict[str, Callable[[int], None]] = field(default_factory=dict)
+
+
+def _make_body(params: list[nn.Parameter], kind: str) -> Callable[[], None]:
+    if kind == "none":
+        def empty_body() -> None:
+            pass
+        return empty_body
+    grad = torch.full((4,), 1e-3)  # shared and never written: SGD without momentum only reads it
+
+    def body() -> None:
+        for p in params:
+            p.grad = grad
+
+    return body
+
+
+def make_fixture(n_params: int, n_opts: int, body_kind: str) -> Fixture:
+    module = BenchModule(n_params)
+    params = list(module.params)
+    groups = [params[i * n_params // n_opts:(i + 1) * n_params // n_opts] for i in range(n_opts)]
+    opts = [torch.optim.SGD(g, lr=LR, momentum=0.0) for g in groups]
+    trainer = TrainerStandIn(opts)
+    module.trainer = trainer
+    assert module.trainer is trainer
+    twin = _lightning_twin()(0)
+    twin.params = module.params  # the very same Parameter objects
+    twin.trainer = trainer
+    bodies = [_make_body(g, body_kind) for g in groups]
+    fx = Fixture(n_params, n_opts, body_kind, module, twin, opts, groups, bodies)
+    fx.variants = _variants(fx)
+    return fx
+
+
+def _variants(fx: Fixture) -> dict[str, Callable[[int], None]]:
+    """Each variant runs ``n`` iterations; an iteration toggles every optimizer once."""
+    module, twin = fx.module, fx.twin
+    pairs = list(zip(fx.opts, fx.bodies, strict=True))
+    toggle, untoggle = ORIGINAL_TOGGLE, ORIGINAL_UNTOGGLE
+
+    def block(n: int) -> None:
+        for _ in range(n):
+            for opt, body in pairs:
+                with module.toggle_optimizer(opt):
+                    body()
+
+    def manual(n: int) -> None:
+        for _ in range(n):
+            for opt, body in pairs:
+                toggle(module, opt)
+                opt.zero_grad()
+                body()
+                opt.step()
+                untoggle(module, opt)
+
+    def toggled(n: int) -> None:
+        for _ in range(n):
+            for opt, body in pairs:
+                with twin.toggled_optimizer(opt):
+                    opt.zero_grad()
+                    body()
+                    opt.step()
+
+    def statement(n: int) -> None:
+        for _ in range(n):
+            for opt, _body in pairs:
+                module.toggle_optimizer(opt)
+                module.untoggle_optimizer(opt)
+
+    def original(n: int) -> None:
+        for _ in range(n):
+            for opt, _body in pairs:
+                toggle(module, opt)
+                untoggle(module, opt)
+
+    found: dict[str, Callable[[int], None]] = {
+        "block": block, "manual": manual, "toggled": toggled, "statement": statement, "original": original,
+    }
+    if not HAS_TOGGLED:
+        del found["toggled"]
+    return found
+
+
+def check_fixture(fx: Fixture) -> None:
+    """Every variant toggles the same way: own parameters live inside, others frozen; all live after."""
+    all_params = [p for g in fx.groups for p in g]
+    seen: list[bool] = []
+
+    def checking(group: list[nn.Parameter], body: Callable[[], None]) -> Callable[[], None]:
+        own = {id(p) for p in group}
+
+        def checking_body() -> None:
+            seen.append(all(p.requires_grad is (id(p) in own) for p in all_params))
+            body()
+
+        return checking_body
+
+    by_hand = {  # the body-less variants: toggle, look, untoggle
+        "statement": (fx.module.toggle_optimizer, fx.module.untoggle_optimizer),
+        "original": (partial(ORIGINAL_TOGGLE, fx.module), partial(ORIGINAL_UNTOGGLE, fx.module)),
+    }
+    saved = fx.bodies
+    fx.bodies = [checking(g, b) for g, b in zip(fx.groups, saved, strict=True)]
+    try:
+        for name, run in _variants(fx).items():
+            seen.clear()
+            before = [p.detach().clone() for p in all_params]
+            run(1)
+            if name in by_hand:
+                toggle, untoggle = by_hand[name]
+                for opt, group in zip(fx.opts, fx.groups, strict=True):
+                    toggle(opt)
+                    checking(group, lambda: None)()
+                    untoggle(opt)
+            elif fx.body_kind == "grad":
+                moved = all(not torch.equal(b, p) for b, p in zip(before, all_params, strict=True))
+                assert moved, f"{name}: SGD did not update every parameter"
+            assert len(seen) == fx.n_opts and all(seen), f"{name}: wrong requires_grad while toggled"
+            assert all(p.requires_grad for p in all_params), f"{name}: not untoggled"
+            assert not fx.module.__dict__.get("_param_requires_grad_state"), f"{name}: record left"
+    finally:
+        fx.bodies = saved
+    # the twin's toggled_optimizer ran Lightning's originals: toggleshim never saw the twin
+    from toggleshim import _toggle
+
+    assert _toggle._STATES.get(fx.twin) is None, "toggled_optimizer went through toggleshim"
+
+
+# -- timing -----------------------------------------------------------------------------------
+
+CLOCKS = {"cpu": time.process_time_ns, "wall": time.perf_counter_ns}
+_clock = CLOCKS["cpu"]
+
+
+def _time_batch(run: Callable[[int], None], n: int, keep_gc: bool) -> float:
+    enabled = gc.isenabled()
+    if not keep_gc:
+        gc.disable()
+    try:
+        clock = _clock
+        t0 = clock()
+        run(n)
+        return (clock() - t0) / 1e9
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _calibrate(run: Callable[[int], None], batch_s: float, keep_gc: bool) -> int:
+    n = 1
+    while True:
+        t = _time_batch(run, n, keep_gc)
+        if t >= batch_s / 4 or n >= 1 << 20:
+            return max(1, round(n * batch_s / max(t, 1e-9)))
+        n *= 4
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float]:
+    if len(xs) < 4:
+        return min(xs), max(xs)
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def time_interleaved(variants: dict[str, Callable[[int], None]], per_iteration: int, max_rounds: int,
+                     min_rounds: int, budget_s: float, batch_s: float, keep_gc: bool) -> dict[str, Any]:
+    """Per-round seconds per toggled optimizer for each variant, alternating variants every round.
+
+    As many rounds as fit in ``budget_s`` of clock time, but at least ``min_rounds`` and at most
+    ``max_rounds`` (a batch is at least one iteration, so large configurations have long batches).
+    """
+    names = list(variants)
+    for run in variants.values():  # warm-up: plans built, lazy torch set-up done
+        run(2)
+    sizes, round_s = {}, 0.0
+    for name in names:
+        sizes[name] = _calibrate(variants[name], batch_s, keep_gc)
+        round_s += _time_batch(variants[name], sizes[name], keep_gc)
+    rounds = max(min_rounds, min(max_rounds, int(budget_s / max(round_s, 1e-9))))
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    rng = random.Random(len(names) * 1_000_003 + rounds)  # a fixed, reproducible order per round
+    for _ in range(rounds):
+        order = list(names)
+        rng.shuffle(order)
+        for name in order:
+            t = _time_batch(variants[name], sizes[name], keep_gc)
+            samples[name].append(t / (sizes[name] * per_iteration))
+    return {"rounds": rounds, "iterations_per_batch": sizes, "samples_s": samples,
+            "median_s": {k: statistics.median(v) for k, v in samples.items()}}
+
+
+def _ratio(timing: dict[str, Any], num: str, den: str) -> dict[str, float] | None:
+    med = timing["median_s"]
+    if num not in med or den not in med:
+        return None
+    per_round = [a / b for a, b in zip(timing["samples_s"][num], timing["samples_s"][den], strict=True)]
+    lo, hi = _quartiles(per_round)
+    return {"ratio": med[num] / med[den], "round_median": statistics.median(per_round),
+            "round_q1": lo, "round_q3": hi}
+
+
+def _fmt_ratio(r: dict[str, float] | None) -> str:
+    if r is None:
+        return "n/a"
+    return f"**{r['ratio']:.2f}** ({r['round_median']:.2f}; {r['round_q1']:.2f}-{r['round_q3']:.2f})"
+
+
+def _fmt_us(timing: dict[str, Any], name: str) -> str:
+    s = timing["median_s"].get(name)
+    return "n/a" if s is None else f"{s * 1e6:,.1f}"
+
+
+# -- section: ratios --------------------------------------------------------------------------
+
+BLOCK_VARIANTS = ("block", "manual", "toggled")
+STATEMENT_VARIANTS = ("statement", "original")
+
+
+@section("ratios")
+def run_ratios(args: argparse.Namespace, report: dict[str, Any]) -> str:
+    """Block / statement against Lightning's originals, interleaved, ratio of medians."""
+    configs: list[dict[str, Any]] = []
+    bodies = ["grad", "none"] if args.body == "both" else [args.body]
+    for n_params in args.params:
+        for n_opts in args.optimizers:
+            if n_opts > n_params:
+                continue
+            # One fixture per body (separate modules and parameters); every variant of the
+            # configuration, both bodies and the statement pair, is interleaved in the same rounds.
+            variants: dict[str, Callable[[int], None]] = {}
+            for body in bodies:
+                fx = make_fixture(n_params, n_opts, body)
+                check_fixture(fx)
+                for name in BLOCK_VARIANTS:
+                    if name in fx.variants:
+                        variants[f"{name}[{body}]"] = fx.variants[name]
+                if body == bodies[0]:
+                    for name in STATEMENT_VARIANTS:
+                        variants[name] = fx.variants[name]
+            t0 = time.perf_counter()
+            timing = time_interleaved(variants, n_opts, args.rounds, args.min_rounds,
+                                      args.budget_s, args.batch_ms / 1e3, args.gc)
+            config: dict[str, Any] = {
+                "params": n_params, "optimizers": n_opts, "timing": timing, "bodies": {},
+                "statement/original": _ratio(timing, "statement", "original"),
+                "wall_s": time.perf_counter() - t0,
+            }
+            med = timing["median_s"]
+            for body in bodies:
+                manual = med[f"manual[{body}]"]
+                config["bodies"][body] = {
+                    "block/manual": _ratio(timing, f"block[{body}]", f"manual[{body}]"),
+                    "block/toggled": _ratio(timing, f"block[{body}]", f"toggled[{body}]"),
+                    # block/manual if toggling were free: the part of manual that is not toggling
+                    "floor": max(0.0, 1 - med["original"] / manual),
+                }
+            configs.append(config)
+            if args.verbose:
+                summary = ", ".join(f"{b} {config['bodies'][b]['block/manual']['ratio']:.2f}" for b in bodies)
+                print(f"  {n_params:>6} params, {n_opts} opts: block/manual {summary}; "
+                      f"{timing['rounds']} rounds, {config['wall_s']:.1f} s", file=sys.stderr, flush=True)
+            del fx, variants
+            gc.collect()
+    report["ratios"] = configs
+
+    lines = [
+        "µs: median per toggled optimizer (absolute values are noise on a shared machine). Ratios: "
+        "**ratio of medians** (in brackets: median; q1-q3 of the per-round ratios, a noise gauge); "
+        "below 1 toggleshim is faster.",
+        f"{args.min_rounds}-{args.rounds} rounds per configuration (as many as fit in ~{args.budget_s:g} s), "
+        f"batches of ~{args.batch_ms:g} ms or one iteration, {args.clock} clock; every variant of a "
+        "configuration alternates in the same rounds.",
+        "",
+        "### Block: toggle + zero_grad + body + step + untoggle",
+        "",
+        "`floor` = 1 - original/manual: what block/manual would be if toggling cost nothing (the rest of "
+        "manual is zero_grad, body and SGD's step, the same in every variant).",
+        "",
+        "| params | opts | body | block µs | manual µs | toggled µs | block/manual | floor | block/toggled |",
+        "|---:|---:|:---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in configs:
+        t = c["timing"]
+        for body, r in c["bodies"].items():
+            lines.append(
+                f"| {c['params']:,} | {c['optimizers']} | {body} | {_fmt_us(t, f'block[{body}]')} "
+                f"| {_fmt_us(t, f'manual[{body}]')} | {_fmt_us(t, f'toggled[{body}]')} "
+                f"| {_fmt_ratio(r['block/manual'])} | {r['floor']:.2f} | {_fmt_ratio(r['block/toggled'])} |"
+            )
+    lines += [
+        "",
+        "### Statement: toggle_optimizer + untoggle_optimizer (patched vs Lightning's originals)",
+        "",
+        "| params | opts | rounds | statement µs | original µs | statement/original |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in configs:
+        t = c["timing"]
+        lines.append(f"| {c['params']:,} | {c['optimizers']} | {t['rounds']} | {_fmt_us(t, 'statement')} "
+                     f"| {_fmt_us(t, 'original')} | {_fmt_ratio(c['statement/original'])} |")
+    misses = []
+    for c in configs:
+        for body, r in c["bodies"].items():
+            ratio = r["block/manual"]["ratio"]
+            limit = TARGET_AT_LARGE if c["params"] >= 1000 else TARGET_EVERYWHERE
+            if ratio > limit:
+                misses.append(f"{c['params']:,}/{c['optimizers']}/{body} {ratio:.2f} > {limit}"
+                              + (" (floor above the target)" if r["floor"] > limit else ""))
+    lines += ["", f"Target block/manual <= {TARGET_AT_LARGE} at >= 1,000 params and <= "
+              f"{TARGET_EVERYWHERE} everywhere: " + ("met." if not misses else
+                                                     "missed at " + "; ".join(misses) + ".")]
+    return "\n".join(lines)
+
+
+# -- section: memory --------------------------------------------------------------------------
+
+@section("memory")
+def run_memory(args: argparse.Namespace, report: dict[str, Any]) -> str:
+    """tracemalloc growth over many blocks (and statement toggles) after a warm-up."""
+    from toggleshim import _toggle
+
+    n_opts = 2
+    fx = make_fixture(args.mem_params, n_opts, "none")
+    module, pairs = fx.module, list(zip(fx.opts, fx.bodies, strict=True))
+
+    def bare_block(n: int) -> None:
+        for _ in range(n):
+            for opt, body in pairs:
+                with module.toggle_optimizer(opt, zero_grad=False, step=False):
+                    body()
+
+    iterations = max(1, args.mem_blocks // n_opts)
+    # Under tracemalloc torch's zero_grad/step machinery costs ~1 ms a call here, so the 100,000 blocks
+    # run with zero_grad=False, step=False (every line of toggleshim's bookkeeping, none of torch's);
+    # a tenth as many default blocks (zero_grad + step, empty body) and statement toggles cover the rest;
+    # Lightning's manual sequence is the reference for what torch itself allocates and keeps.
+    plan = (("block, zero_grad=False, step=False", bare_block, iterations),
+            ("block (default: zero_grad + step)", fx.variants["block"], max(1, iterations // 10)),
+            ("statement toggle + untoggle", fx.variants["statement"], max(1, iterations // 10)),
+            ("reference: manual with Lightning's originals", fx.variants["manual"], max(1, iterations // 10)))
+    for _name, run, _count in plan:  # untraced: torch fills its lazy caches (profiler ops) here
+        run(2000)
+    rows = []
+    for name, run, count in plan:
+        gc.collect()
+        tracemalloc.start()
+        try:
+            run(1000)  # warm-up, traced so that frees of warm-up objects are accounted too
+            gc.collect()
+            base, _ = tracemalloc.get_traced_memory()
+            before = tracemalloc.take_snapshot()
+            tracemalloc.reset_peak()
+            t0 = time.perf_counter()
+            run(count)
+            elapsed = time.perf_counter() - t0
+            gc.collect()
+            current, peak = tracemalloc.get_traced_memory()
+            after = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+        diff = [d for d in after.compare_to(before, "filename") if d.size_diff]
+        by_file = sorted(diff, key=lambda d: -abs(d.size_diff))
+        shim = sum(d.size_diff for d in diff if "toggleshim" in d.traceback[0].filename)
+        state = _toggle._STATES.get(fx.module)
+        rows.append({
+            "variant": name, "toggles": count * n_opts, "growth_kib": (current - base) / 1024,
+            "toggleshim_growth_kib": shim / 1024,
+            "peak_above_base_kib": (peak - base) / 1024, "seconds": elapsed,
+            "plans": len(state.plans) if state else 0, "stack": len(state.stack) if state else 0,
+            "record_left": len(fx.module.__dict__.get("_param_requires_grad_state") or {}),
+            "top_files": [(d.traceback[0].filename, d.size_diff, d.count_diff) for d in by_file[:5]],
+        })
+    report["memory"] = {"params": args.mem_params, "optimizers": n_opts, "body": "none", "rows": rows}
+    lines = [
+        f"{args.mem_params:,} params, {n_opts} optimizers, empty body; every variant warmed up untraced "
+        "(2,000 iterations), then per variant tracemalloc started before a 1,000-iteration warm-up; growth = "
+        "traced memory after the loop and `gc.collect()` minus traced memory after the warm-up; "
+        "'in toggleshim' = the part of it allocated by toggleshim's own lines; 'peak' is the transient "
+        "maximum, which also counts memory parked in CPython's free lists (a full gc.collect() empties them).",
+        "",
+        "| variant | toggles | growth KiB | in toggleshim KiB | peak above base KiB | cached plans "
+        "| open stack | record left | loop s (traced) |",
+        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['variant']} | {r['toggles']:,} | {r['growth_kib']:.1f} "
+                     f"| {r['toggleshim_growth_kib']:.1f} | {r['peak_above_base_kib']:.1f} | {r['plans']} "
+                     f"| {r['stack']} | {r['record_left']} | {r['seconds']:.1f} |")
+    for r in rows:
+        if abs(r["growth_kib"]) >= 1:
+            where = ", ".join(f"{f.rsplit('/site-packages/', 1)[-1]} {s / 1024:+.1f} KiB ({c:+d} blocks)"
+                              for f, s, c in r["top_files"])
+            lines.append(f"\n{r['variant']}: growth by file: {where}")
+    return "\n".join(lines)
+
+
+# -- section: weakref -------------------------------------------------------------------------
+
+class _Boom(Exception):
+    pass
+
+
+def _used_toggle(how: str) -> tuple[Any, list[weakref.ref[Any]], dict[str, int]]:
+    """A Toggle after one block (``block``), after a block left by an exception (``raised``) or a
+    statement toggle never untoggled (``open``, the positive control), and weakrefs to what it touched.
+    Every other reference to the fixture dies when this function returns."""
+    fx = make_fixture(100, 2, "grad")
+    refs: list[weakref.ref[Any]] = [weakref.ref(fx.module), weakref.ref(fx.twin)]
+    refs += [weakref.ref(o) for o in fx.opts]
+    refs += [weakref.ref(p) for g in fx.groups for p in g]
+    t = fx.module.toggle_optimizer(fx.opts[0])
+    if how == "block":
+        with t:
+            fx.bodies[0]()
+    elif how == "raised":
+        try:
+            with t:
+                fx.bodies[0]()
+                raise _Boom
+        except _Boom:
+            pass
+    kinds = {"module": 2, "optimizer": len(fx.opts), "parameter": fx.n_params}
+    return t, refs, kinds
+
+
+def _alive(refs: list[weakref.ref[Any]], kinds: dict[str, int]) -> dict[str, int]:
+    out, i = {}, 0
+    for kind, count in kinds.items():
+        out[kind] = sum(r() is not None for r in refs[i:i + count])
+        i += count
+    return out
+
+
+def _holds(t: Any) -> tuple[dict[str, str], list[str]]:
+    """Non-None, non-bool slots of a Toggle, and its referents that could hold a parameter."""
+    slots = {s: getattr(t, s, None) for s in type(t).__slots__}
+    held = {k: type(v).__name__ for k, v in slots.items() if v is not None and not isinstance(v, bool)}
+    referents = [type(r).__name__ for r in gc.get_referents(t)
+                 if isinstance(r, (torch.Tensor, nn.Module, torch.optim.Optimizer, dict, tuple, list))]
+    return held, referents
+
+
+@section("weakref")
+def run_weakref(args: argparse.Namespace, report: dict[str, Any]) -> str:
+    """After a block, the Toggle object keeps no parameter (optimizer, module) alive."""
+    cases = {"after block": "block", "after block left by an exception": "raised",
+             "control: open statement toggle": "open"}
+    results: dict[str, Any] = {}
+    verdicts = []
+    for case, how in cases.items():
+        t, refs, kinds = _used_toggle(how)
+        gc.collect()
+        alive = _alive(refs, kinds)
+        held, referents = _holds(t)
+        del t
+        gc.collect()
+        after_drop = _alive(refs, kinds)
+        results[case] = {"alive": alive, "non_none_slots": held, "referents": referents,
+                         "alive_after_dropping_toggle": after_drop}
+        if how == "open":  # the check must see the references an open toggle does hold
+            ok = any(alive.values()) and not any(after_drop.values())
+        else:
+            ok = not any(alive.values()) and not held and not referents
+        verdicts.append(ok)
+        results[case]["ok"] = ok
+    report["weakref"] = results
+    lines = ["Alive after `gc.collect()` while the Toggle object is still referenced (of 2 modules incl. "
+             "the twin, 2 optimizers, 100 parameters); non-None slots / container or tensor referents of "
+             "the Toggle; alive once the Toggle is dropped too:", "",
+             "| case | modules | optimizers | parameters | slots held | referents | alive after drop | ok |",
+             "|:---|---:|---:|---:|:---|:---|---:|:---|"]
+    for case, r in results.items():
+        a = r["alive"]
+        lines.append(f"| {case} | {a['module']} | {a['optimizer']} | {a['parameter']} "
+                     f"| {', '.join(r['non_none_slots']) or 'none'} | {', '.join(r['referents']) or 'none'} "
+                     f"| {sum(r['alive_after_dropping_toggle'].values())} | {'yes' if r['ok'] else 'NO'} |")
+    lines += ["", "Verdict: " + ("PASS, the used Toggle keeps nothing alive (and the control shows the "
+                                 "check would see it)." if all(verdicts) else "FAIL")]
+    return "\n".join(lines)
+
+
+# -- section: profile (not in the default run) ------------------------------------------------
+
+@section("profile", default=False)
+def run_profile(args: argparse.Namespace, report: dict[str, Any]) -> str:
+    """cProfile of the block at --profile-params / 2 optimizers (opt-in: --only profile)."""
+    n_params, n_opts = args.profile_params, 2
+    out = []
+    report["profile"] = {}
+    for body in (["grad", "none"] if args.body == "both" else [args.body]):
+        fx = make_fixture(n_params, n_opts, body)
+        run = fx.variants["block"]
+        run(20)
+        n = _calibrate(run, 2.0 if not args.quick else 0.5, False)
+        prof = cProfile.Profile()
+        prof.enable()
+        run(n)
+        prof.disable()
+        buf = io.StringIO()
+        stats = pstats.Stats(prof, stream=buf)
+        total = stats.total_tt  # type: ignore[attr-defined]
+        entries = []
+        for (filename, line, func), (_cc, nc, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+            entries.append({"where": f"{filename.rsplit('/', 1)[-1]}:{line}({func})", "file": filename,
+                            "calls_per_block": nc / (n * n_opts), "tottime_share": tt / total,
+                            "cumtime_share": ct / total})
+        entries.sort(key=lambda e: -e["tottime_share"])
+        report["profile"][body] = {"blocks": n * n_opts, "entries": entries[:40]}
+        out += [f"### cProfile, block, {n_params:,} params / {n_opts} optimizers, body={body} "
+                f"({n * n_opts:,} blocks)", "",
+                "| function | calls/block | tottime % | cumtime % |", "|:---|---:|---:|---:|"]
+        for e in entries[:args.profile_top]:
+            out.append(f"| `{e['where']}` | {e['calls_per_block']:.2f} | {100 * e['tottime_share']:.1f} "
+                       f"| {100 * e['cumtime_share']:.1f} |")
+        mine = [e for e in entries if e["file"].replace("\\", "/").endswith("toggleshim/_toggle.py")]
+        out += ["", "toggleshim/_toggle.py only:", "", "| function | calls/block | tottime % | cumtime % |",
+                "|:---|---:|---:|---:|"]
+        for e in mine:
+            out.append(f"| `{e['where']}` | {e['calls_per_block']:.2f} | {100 * e['tottime_share']:.1f} "
+                       f"| {100 * e['cumtime_share']:.1f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+# -- main -------------------------------------------------------------------------------------
+
+def _ints(text: str) -> list[int]:
+    return [int(x.replace("_", "").replace(",", "")) for x in text.split("/") if x]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="few rounds, short batches, fewer memory toggles")
+    p.add_argument("--only", default=None,
+                   help="comma-separated sections to run (default: every default section); see --list")
+    p.add_argument("--list", action="store_true", help="list the sections and exit")
+    p.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
+    p.add_argument("--params", type=_ints, default=[10, 100, 1000, 10000],
+                   help="parameter counts, '/'-separated (default 10/100/1000/10000)")
+    p.add_argument("--optimizers", type=_ints, default=[2, 4], help="optimizer counts (default 2/4)")
+    p.add_argument("--body", choices=["grad", "none", "both"], default="both",
+                   help="grad: set .grad on every toggled parameter so SGD steps for real; none: empty "
+                        "body (default both)")
+    p.add_argument("--rounds", type=int, default=None, help="at most this many rounds per row (25; quick 7)")
+    p.add_argument("--min-rounds", type=int, default=None, help="at least this many rounds (11; quick 5)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="clock seconds per row that decide the rounds between the bounds (3; quick 0.5)")
+    p.add_argument("--batch-ms", type=float, default=None, help="target ms per timed batch (10; quick 3)")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
+                   help="cpu: process CPU time (default); wall: perf_counter")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    p.add_argument("--gc", action="store_true", help="keep the cyclic GC enabled while timing")
+    p.add_argument("--mem-blocks", type=int, default=None, help="blocks traced (100,000; quick 10,000)")
+    p.add_argument("--mem-params", type=int, default=100, help="parameters in the memory check (100)")
+    p.add_argument("--profile-params", type=int, default=1000, help="parameters in the profile (1000)")
+    p.add_argument("--profile-top", type=int, default=15, help="rows of the overall profile table")
+    p.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
+    args = p.parse_args(argv)
+    args.rounds = args.rounds or (7 if args.quick else 25)
+    args.min_rounds = min(args.rounds, args.min_rounds or (5 if args.quick else 11))
+    args.budget_s = args.budget_s or (0.5 if args.quick else 3.0)
+    args.batch_ms = args.batch_ms or (3.0 if args.quick else 10.0)
+    args.mem_blocks = args.mem_blocks or (10_000 if args.quick else 100_000)
+    if args.only:
+        chosen = [s.strip() for s in args.only.split(",") if s.strip()]
+        unknown = [s for s in chosen if s not in SECTIONS]
+        if unknown:
+            p.error(f"unknown section(s) {unknown}; choose from {sorted(SECTIONS)}")
+        args.sections = chosen
+    else:
+        args.sections = [name for name, s in SECTIONS.items() if s.default]
+    return args
+
+
+def environment() -> dict[str, Any]:
+    import importlib.metadata as md
+
+    def version(dist: str) -> str | None:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return None
+
+    return {"python": platform.python_version(), "platform": platform.platform(),
+            "torch": torch.__version__, "lightning": version("lightning"),
+            "pytorch_lightning": version("pytorch-lightning"), "toggleshim": toggleshim.__version__,
+            "flavour": _FLAVOUR, "toggled_optimizer": HAS_TOGGLED,
+            "torch_threads": torch.get_num_threads()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        for s in SECTIONS.values():
+            print(f"{s.name:<10} {'(default)' if s.default else '(opt-in) '} {s.help}")
+        return 0
+    global _clock
+    _clock = CLOCKS[args.clock]
+    torch.set_num_threads(args.threads)
+    # Everything imported so far (torch, lightning: ~300k objects) leaves the collector's view, so
+    # gc.collect() between configurations takes milliseconds instead of ~0.3 s.
+    gc.collect()
+    gc.freeze()
+    env = environment()
+    report: dict[str, Any] = {"environment": env, "arguments": {
+        k: v for k, v in vars(args).items() if k not in ("list",)}}
+    started = time.perf_counter()
+    print("# toggleshim toggle benchmark\n")
+    print(f"Python {env['python']}, torch {env['torch']}, lightning {env['lightning']}, "
+          f"toggleshim {env['toggleshim']} ({env['flavour']}), torch threads {env['torch_threads']}.")
+    command = " ".join(["python benchmarks/bench_toggle.py", *(argv if argv is not None else sys.argv[1:])])
+    print(f"Command: `{command}`\n")
+    for name in args.sections:
+        s = SECTIONS[name]
+        t0 = time.perf_counter()
+        if args.verbose:
+            print(f"[{name}] ...", file=sys.stderr, flush=True)
+        text = s.run(args, report)
+        print(f"## {name}: {s.help}\n\n{text}\n\n({time.perf_counter() - t0:.0f} s)\n", flush=True)
+    report["total_s"] = time.perf_counter() - started
+    print(f"Total {report['total_s']:.0f} s.")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report, fh, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

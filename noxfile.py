@@ -1,0 +1,164 @@
+"""Local version matrix: toggleshim against every supported Lightning release, both flavours.
+
+    nox -s matrix                        # all sessions, then the table (docs/compatibility.md)
+    nox -s "matrix(lightning='2.0.9.post0', flavour='pytorch_lightning')"
+    nox -s matrix --install-only         # build the venvs only
+    nox -s matrix -- -k patch            # extra pytest arguments (after --)
+    nox -s matrix_table                  # rebuild the table from build/matrix/
+
+Each session installs, in this order: torch (``TOGGLESHIM_TORCH``, default ``torch==2.13.0``, the
+CPU build on this machine's disk; installing Lightning first would pull a multi-GB CUDA torch), the
+flavour's Lightning distribution (``lightning`` or ``pytorch-lightning`` only) with the files in
+``constraints/``, then toggleshim with its test tools. It runs ``pytest -n auto`` with
+``TOGGLESHIM_FLAVOUR`` (``lightning.pytorch`` or ``pytorch_lightning``) and ``HYPOTHESIS_PROFILE``
+(default ``dev``) set, then ``python -m toggleshim check`` when the package has a ``__main__``.
+Results land in ``build/matrix/<session>/`` (meta.json, junit.xml, check.json, install.json) for
+``scripts/matrix_table.py``.
+
+Environment: ``TOGGLESHIM_TORCH`` (pip arguments for torch, e.g.
+``"torch==2.5.1 --index-url https://download.pytorch.org/whl/cpu"``), ``TOGGLESHIM_PYTHON``
+(interpreter, default 3.11), ``HYPOTHESIS_PROFILE``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import nox
+from nox.command import CommandFailed
+from packaging.version import Version
+
+ROOT = Path(__file__).parent
+CONSTRAINTS = ROOT / "constraints"
+BASE = CONSTRAINTS / "base.txt"
+# Lightning < 2.4 imports pkg_resources: setuptools<81 (installed with -r, kept with -c).
+LIGHTNING_LT_24 = CONSTRAINTS / "lightning-lt-2.4.txt"
+# torch < 2.4 wheels were built against NumPy 1.x.
+TORCH_LT_24 = CONSTRAINTS / "torch-lt-2.4.txt"
+RESULTS = ROOT / "build" / "matrix"
+RECORDER = ROOT / "scripts" / "matrix_table.py"
+
+# The newest patch release of each minor line; 2.6.2 and 2.6.3 are withdrawn (see constraints/base.txt).
+# Keep in step with the `lightning:` axis of .github/workflows/ci.yml (tests/test_workflow.py checks).
+LIGHTNING_VERSIONS = ["2.0.9.post0", "2.1.4", "2.2.5", "2.3.3", "2.4.0", "2.5.6", "2.6.6"]
+# flavour -> the module the tests exercise (the value of TOGGLESHIM_FLAVOUR, which
+# toggleshim.testing.installed_flavours() reads), and the distributions installed, all at the
+# session's version: `lightning` requires `pytorch-lightning` unversioned, so it is pinned beside it;
+# the pytorch_lightning flavour gets the `pytorch-lightning` distribution only.
+MODULES = {"lightning": "lightning.pytorch", "pytorch_lightning": "pytorch_lightning"}
+DISTRIBUTIONS = {"lightning": ["lightning", "pytorch-lightning"], "pytorch_lightning": ["pytorch-lightning"]}
+
+PYTHON = os.environ.get("TOGGLESHIM_PYTHON", "3.11")
+TORCH_ARGS = shlex.split(os.environ.get("TOGGLESHIM_TORCH", "torch==2.13.0"))
+TEST_TOOLS = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100"]
+
+nox.options.sessions = ["matrix"]
+nox.options.reuse_venv = "yes"
+nox.options.error_on_missing_interpreters = True
+
+
+def _slug(python: str, lightning: str, flavour: str) -> str:
+    return f"py{python}-{flavour}-{lightning}"
+
+
+def _record(session: nox.Session, out: Path, flavour: str, lightning: str, *extra: str) -> object:
+    """Run ``scripts/matrix_table.py record`` in the session's venv (None under ``--install-only``)."""
+    return session.run(
+        "python", str(RECORDER), "record", "--dir", str(out), "--flavour", flavour, "--lightning", lightning,
+        *extra, silent=True,
+    )  # fmt: skip
+
+
+def _installed_torch(session: nox.Session) -> str | None:
+    """The torch version now in the venv (None when installs are skipped by ``--no-install``)."""
+    out = session.run_install(
+        "python", "-c", "import importlib.metadata as m; print(m.version('torch'))", silent=True
+    )
+    return out.strip().splitlines()[-1] if isinstance(out, str) else None
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize(
+    ("lightning", "flavour"),
+    [(version, flavour) for version in LIGHTNING_VERSIONS for flavour in MODULES],
+)
+def matrix(session: nox.Session, lightning: str, flavour: str) -> None:
+    """toggleshim's tests and check against one Lightning release and flavour."""
+    session.notify("matrix_table")
+    out = RESULTS / _slug(PYTHON, lightning, flavour)
+    out.mkdir(parents=True, exist_ok=True)
+
+    # Install. torch strictly first, and pinned afterwards to what was installed, so that no later
+    # step can swap it for another build.
+    started = time.monotonic()
+    session.install(*TORCH_ARGS)
+    torch_version = _installed_torch(session)
+    torch_pin = [f"torch=={torch_version}"] if torch_version else []
+    constraints = ["-c", str(BASE)]
+    extra_requirements: list[str] = []
+    if Version(lightning) < Version("2.4"):
+        extra_requirements += ["-r", str(LIGHTNING_LT_24)]
+        constraints += ["-c", str(LIGHTNING_LT_24)]
+    if torch_version and Version(torch_version) < Version("2.4"):
+        constraints += ["-c", str(TORCH_LT_24)]
+    # Without the pytorch-lightning pin, lightning 2.0 would come with pytorch-lightning 2.6.
+    lightning_reqs = [f"{dist}=={lightning}" for dist in DISTRIBUTIONS[flavour]]
+    session.install(*lightning_reqs, *torch_pin, *extra_requirements, *constraints)
+    session.install("-e", ".[testing]", *TEST_TOOLS, *lightning_reqs, *torch_pin, *constraints)
+    install_seconds = round(time.monotonic() - started, 1)
+    if torch_version is not None:  # a real install happened (not --no-install on a reused venv)
+        (out / "install.json").write_text(
+            json.dumps({"seconds": install_seconds, "torch": torch_version}, indent=2) + "\n"
+        )
+
+    env = {
+        "TOGGLESHIM_FLAVOUR": MODULES[flavour],
+        "HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "dev"),
+    }
+    junit = out / "junit.xml"
+    check_json = out / "check.json"
+    for stale in (junit, check_json, out / "meta.json"):
+        stale.unlink(missing_ok=True)
+
+    # Record what is installed (and refuse a flavour whose env holds the other distribution). Under
+    # --install-only, session.run does nothing and returns None: stop here.
+    if _record(session, out, flavour, lightning) is None:
+        session.log(f"installed in {install_seconds} s (torch {torch_version})")
+        return
+
+    # Collect results even when tests fail: run everything, then fail the session at the end.
+    failures: list[str] = []
+    pytest_exit = 0
+    try:
+        session.run("python", "-m", "pytest", "-n", "auto", f"--junitxml={junit}", *session.posargs, env=env)
+    except CommandFailed as exc:
+        pytest_exit = exc.return_code if exc.return_code is not None else -1
+        failures.append(f"pytest exited {pytest_exit}")
+
+    check_exit: int | None = None
+    if (ROOT / "toggleshim" / "__main__.py").exists():
+        try:
+            session.run("python", "-m", "toggleshim", "check", "--json", str(check_json), env=env)
+            check_exit = 0
+        except CommandFailed as exc:
+            check_exit = exc.return_code if exc.return_code is not None else -1
+            failures.append(f"toggleshim check exited {check_exit}")
+    else:
+        session.log("toggleshim has no __main__ yet: `python -m toggleshim check` skipped")
+
+    check_args = ["--check-exit", str(check_exit)] if check_exit is not None else []
+    _record(session, out, flavour, lightning, "--pytest-exit", str(pytest_exit), *check_args)
+    if failures:  # CommandFailed marks the session "failed" (session.error would say "aborted")
+        raise CommandFailed("; ".join(failures))
+
+
+@nox.session(venv_backend="none")
+def matrix_table(session: nox.Session) -> None:
+    """Write docs/compatibility.md from the results in build/matrix/ (and print it)."""
+    output = ROOT / "docs" / "compatibility.md"
+    session.run(sys.executable, str(RECORDER), "table", "--results", str(RESULTS), "--output", str(output))

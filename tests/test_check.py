@@ -1,0 +1,78 @@
+"""``python -m toggleshim check``: passes on an unaltered Lightning, fails (with a snippet and a plain
+sentence) when Lightning's own toggle/untoggle semantics are altered before it runs."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+import toggleshim
+from toggleshim.__main__ import main
+from toggleshim.testing import mutants
+
+FAST = ["--examples", "12", "--property", "lightning-semantics"]  # the property that watches Lightning itself
+
+
+@pytest.fixture
+def restore_lightning() -> Any:
+    saved = {}
+    for flavour in ("lightning.pytorch", "pytorch_lightning"):
+        try:
+            cls = importlib.import_module(flavour).LightningModule
+        except ImportError:
+            continue
+        for name in ("toggle_optimizer", "untoggle_optimizer"):
+            fn = vars(cls)[name]
+            saved[(cls, name)] = getattr(fn, "_toggleshim_original", fn)
+    yield
+    toggleshim.uninstall()
+    for (cls, name), fn in saved.items():
+        setattr(cls, name, fn)
+    toggleshim.install()
+
+
+def test_check_passes_on_unaltered_lightning(flavour: str, tmp_path: Any, capsys: Any) -> None:
+    report = tmp_path / "report.json"
+    assert main(["check", "--flavour", flavour, "--examples", "10", "--json", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert data["ok"] and data["flavours"] == [flavour]
+    assert {p["prop"] for p in data["properties"]} == {"lightning-semantics", "block-equals-manual", "nesting",
+                                                        "trainer"}
+    assert all(p["verdict"] == "pass" and p["examples"] > 0 for p in data["properties"])
+    assert {"toggleshim", "torch", "python"} <= set(data["versions"])
+    out = capsys.readouterr().out
+    assert "OK:" in out and flavour in out
+
+
+@pytest.mark.parametrize(
+    ("mutant", "words"),
+    [
+        ("toggle unfreezes user-frozen parameters", "trainable"),
+        ("toggle freezes shared parameters", "frozen"),
+        ("untoggle restores nothing", "frozen"),
+        ("untoggle unfreezes everything", "trainable"),
+    ],
+)
+def test_check_fails_when_lightning_changes_toggling(
+    restore_lightning: Any, flavour: str, mutant: str, words: str, capsys: Any
+) -> None:
+    mutants.apply(mutant)
+    assert main(["check", "--flavour", flavour, *FAST]) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH" in out and "Lightning's own methods" in out and words in out
+    assert "Reproduce with:" in out and "spec = WorldSpec(" in out
+    snippet = out.split("Reproduce with:\n\n", 1)[1].split("\n\n", 1)[0]
+    # the printed snippet is runnable and reproduces the mismatch in a fresh process
+    code = f"from toggleshim.testing import mutants\nmutants.apply({mutant!r})\n{snippet}"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode != 0 and "Mismatch" in proc.stderr
+
+
+def test_console_script_and_module_agree() -> None:
+    proc = subprocess.run([sys.executable, "-m", "toggleshim", "check", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "--examples" in proc.stdout and "--json" in proc.stdout
