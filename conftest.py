@@ -18,6 +18,11 @@ _common = dict(deadline=None, print_blob=True, suppress_health_check=[HealthChec
 settings.register_profile("dev", max_examples=20, **_common)
 settings.register_profile("ci", max_examples=100, derandomize=True, database=None, **_common)
 settings.register_profile("deep", max_examples=1000, **_common)
+# scripts/mutation_score.py: the ci examples, no shrinking (a caught mutant needs no minimal example)
+settings.register_profile(
+    "mutants", max_examples=100, derandomize=True, database=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate], **_common
+)
 settings.register_profile(
     "debug", max_examples=10, verbosity=Verbosity.verbose,
     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink], **_common

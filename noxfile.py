@@ -109,7 +109,7 @@ def matrix(session: nox.Session, lightning: str, flavour: str) -> None:
     # Without the pytorch-lightning pin, lightning 2.0 would come with pytorch-lightning 2.6.
     lightning_reqs = [f"{dist}=={lightning}" for dist in DISTRIBUTIONS[flavour]]
     session.install(*lightning_reqs, *torch_pin, *extra_requirements, *constraints)
-    session.install("-e", ".[testing]", *TEST_TOOLS, *lightning_reqs, *torch_pin, *constraints)
+    session.install("-e", ".[dev]", *TEST_TOOLS, *lightning_reqs, *torch_pin, *constraints)
     install_seconds = round(time.monotonic() - started, 1)
     if torch_version is not None:  # a real install happened (not --no-install on a reused venv)
         (out / "install.json").write_text(

@@ -1,0 +1,66 @@
+"""Measure the property suite: plant each bug of ``toggleshim.testing.mutants`` and expect a failure.
+
+    python scripts/mutation_score.py                 # every mutant, then the unaltered code
+    python scripts/mutation_score.py --only "step on exception"
+
+Each mutant runs ``pytest property_tests -x`` in a fresh process with ``TOGGLESHIM_MUTANT`` set
+(the root conftest plants it) under the ``mutants`` profile: the ``ci`` examples without shrinking
+(a caught mutant needs no minimal example). The score is caught / planted; the unaltered run must pass.
+Prints a Markdown table (``--json PATH`` for a machine-readable copy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from toggleshim.testing.mutants import LIGHTNING, SHIM  # noqa: E402
+
+
+def run(mutant: str | None, flavour: str) -> tuple[bool, float, str]:
+    env = {**os.environ, "HYPOTHESIS_PROFILE": "mutants", "TOGGLESHIM_FLAVOUR": flavour}
+    env.pop("TOGGLESHIM_MUTANT", None)
+    if mutant:
+        env["TOGGLESHIM_MUTANT"] = mutant
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "property_tests", "-x", "-q", "-p", "no:randomly", "-n", "auto"],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )
+    last = (proc.stdout.strip().splitlines() or [""])[-1]
+    return proc.returncode == 0, time.perf_counter() - start, last
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", help="only this mutant (repeatable)")
+    parser.add_argument("--flavour", default="lightning.pytorch")
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args()
+    names = args.only or [*LIGHTNING, *SHIM]
+    rows = []
+    print("| mutant | kind | caught | seconds | pytest |\n|---|---|---|---:|---|", flush=True)
+    for name in names:
+        passed, seconds, last = run(name, args.flavour)
+        kind = "Lightning release" if name in LIGHTNING else "shim bug"
+        rows.append({"mutant": name, "kind": kind, "caught": not passed, "seconds": round(seconds, 1), "last": last})
+        print(f"| {name} | {kind} | {'yes' if not passed else '**NO**'} | {seconds:.0f} | {last} |", flush=True)
+    clean_passed, seconds, last = run(None, args.flavour)
+    caught = sum(r["caught"] for r in rows)
+    print(f"| (unaltered code) | - | {'passes' if clean_passed else '**FAILS**'} | {seconds:.0f} | {last} |")
+    print(f"\nscore: {caught}/{len(rows)} mutants caught; unaltered code {'passes' if clean_passed else 'FAILS'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "clean_passes": clean_passed}, indent=2) + "\n")
+    return 0 if caught == len(rows) and clean_passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
