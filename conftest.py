@@ -45,3 +45,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     not a fixture, so Hypothesis tests may take it)."""
     if "flavour" in metafunc.fixturenames:
         metafunc.parametrize("flavour", FLAVOURS)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """With ``TOGGLESHIM_WORLDS_FILE``, append how many worlds this process built (benchmarks)."""
+    path = os.environ.get("TOGGLESHIM_WORLDS_FILE")
+    if path:
+        from toggleshim.testing import harness
+
+        with open(path, "a") as fh:
+            fh.write(f"{harness.WORLDS_BUILT}\n")

@@ -73,6 +73,7 @@ its numbers into the JSON report under its own name. Add new sections the same w
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import cProfile
 import gc
 import io
@@ -664,6 +665,31 @@ def run_weakref(args: argparse.Namespace, report: dict[str, Any]) -> str:
 
 # -- section: profile (not in the default run) ------------------------------------------------
 
+@section("harness", default=False)
+def run_harness(args: argparse.Namespace, report: dict[str, Any]) -> str:
+    """Worlds checked per second by the property suite (``pytest property_tests -n auto``), per profile."""
+    import os
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    rows = ["| profile | worlds | seconds (wall) | worlds / s | pytest |", "|---|---:|---:|---:|---|"]
+    results = {}
+    for profile in args.profiles.split(","):
+        with tempfile.NamedTemporaryFile("r", suffix=".worlds") as counts:
+            env = {**os.environ, "HYPOTHESIS_PROFILE": profile, "TOGGLESHIM_WORLDS_FILE": counts.name}
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "pytest", "property_tests", "-n", "auto", "-q"],
+                                  cwd=root, env=env, capture_output=True, text=True)
+            wall = time.perf_counter() - t0
+            worlds = sum(int(line) for line in Path(counts.name).read_text().split())
+        last = (proc.stdout.strip().splitlines() or ["?"])[-1]
+        results[profile] = {"worlds": worlds, "seconds": wall, "rate": worlds / wall, "pytest": last}
+        rows.append(f"| {profile} | {worlds} | {wall:.1f} | {worlds / wall:.1f} | {last} |")
+    report["harness"] = results
+    return "\n".join(rows)
+
+
 @section("profile", default=False)
 def run_profile(args: argparse.Namespace, report: dict[str, Any]) -> str:
     """cProfile of the block at --profile-params / 2 optimizers (opt-in: --only profile)."""
@@ -719,6 +745,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma-separated sections to run (default: every default section); see --list")
     p.add_argument("--list", action="store_true", help="list the sections and exit")
     p.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
+    p.add_argument("--profiles", default="dev,ci", help="Hypothesis profiles for the harness section (dev,ci)")
     p.add_argument("--params", type=_ints, default=[10, 100, 1000, 10000],
                    help="parameter counts, '/'-separated (default 10/100/1000/10000)")
     p.add_argument("--optimizers", type=_ints, default=[2, 4], help="optimizer counts (default 2/4)")

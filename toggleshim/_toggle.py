@@ -248,7 +248,7 @@ class Toggle(Generic[_OptT]):
         self._zero_grad = bool(zero_grad)
         self._step = bool(step)
         # Without gradient sync (DDP micro-batches) the block runs inside the strategy's no_sync,
-        # entered with the block and left on every exit (Lightning's toggle_model leaks it on errors).
+        # entered with the block and left on every exit (toggle_model also leaves the toggle on errors).
         self._sync: Any = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)
         self._plan: _Plan | None = plan
         self._entered = False

@@ -1,9 +1,10 @@
-"""The README's typed example: mypy --strict accepts it (tests/test_typing.py)."""
+"""The README's typed example: mypy --strict accepts it (``.ci/run``, "typing")."""
 
 from __future__ import annotations
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch import nn
 
 from toggleshim import Toggle, toggle
@@ -17,9 +18,11 @@ class GAN(LightningModule):
         self.automatic_optimization = False
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> None:
-        g_opt, d_opt = self.optimizers()  # type: ignore[misc]  # Lightning types it as a union
-        d_block: Toggle[torch.optim.Optimizer] = toggle(self, d_opt)
-        with d_block as opt:
+        opts = self.optimizers()
+        assert isinstance(opts, list)  # Lightning types it as one-or-a-list
+        g_opt, d_opt = opts
+        block: Toggle[LightningOptimizer] = toggle(self, d_opt)
+        with block as opt:
             opt.zero_grad()
             self.manual_backward(self.discriminator(batch).mean())
         with toggle(self, g_opt, zero_grad=False, step=True):
