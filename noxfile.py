@@ -5,6 +5,7 @@
     nox -s matrix --install-only         # build the venvs only
     nox -s matrix -- -k patch            # extra pytest arguments (after --)
     nox -s matrix_table                  # rebuild the table from build/matrix/
+    nice -n 10 python scripts/matrix_table.py check-all   # only `toggleshim check` in the built venvs, then the table
 
 Each session installs, in this order: torch (``TOGGLESHIM_TORCH``, default ``torch==2.13.0``, the
 CPU build on this machine's disk; installing Lightning first would pull a multi-GB CUDA torch), the

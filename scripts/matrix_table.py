@@ -3,6 +3,8 @@
     python scripts/matrix_table.py record --dir DIR --flavour F --lightning V [--pytest-exit N]
                                           [--check-exit N]
     python scripts/matrix_table.py table [--results build/matrix] [--output docs/compatibility.md]
+    nice -n 10 python scripts/matrix_table.py check-all [--examples 30] [--seed 0] [--env SUBSTRING]
+                                                        [--json-dir /tmp/matrix]
 
 ``record`` runs inside the environment under test (a nox session or a CI job): it writes
 ``DIR/meta.json`` with the installed versions, and fails when the environment is not the one asked
@@ -10,7 +12,11 @@ for (another Lightning version, the ``lightning`` distribution in a ``pytorch_li
 ``pytorch-lightning`` of another version beside ``lightning``). ``table`` reads every
 ``*/meta.json`` below ``--results``, with the ``junit.xml`` (pytest ``--junitxml``) and ``check.json``
 (``python -m toggleshim check --json``) beside it, writes the table to ``--output`` and prints it.
-Standard library only, so that it runs under any interpreter.
+``check-all`` runs ``python -m toggleshim check`` alone (no pytest) in each nox matrix venv already
+built under ``.nox/`` (``nox -s matrix --install-only``), one venv after the other, records it in
+``build/matrix/<session>/`` (keeping that session's pytest result when the venv's versions are
+unchanged) and writes the table to ``docs/compatibility.md``. Niceness is inherited by the venvs'
+processes. Standard library only, so that it runs under any interpreter.
 """
 
 from __future__ import annotations
@@ -20,13 +26,20 @@ import datetime as dt
 import importlib
 import importlib.metadata as metadata
 import json
+import os
 import platform
 import re
+import shlex
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parent.parent
 DISTRIBUTIONS = {"lightning": "lightning", "pytorch_lightning": "pytorch-lightning"}
 MODULES = {"lightning": "lightning.pytorch", "pytorch_lightning": "pytorch_lightning"}
 REPORTED = [
@@ -125,6 +138,22 @@ def _check_verdict(meta: dict[str, Any], path: Path) -> tuple[str, bool]:
     return ("ok", True) if exit_code == 0 else (f"FAIL (exit {exit_code})", False)
 
 
+def _check_details(path: Path) -> tuple[str, str]:
+    """(examples, seconds) cells from ``check.json`` (empty when absent or unreadable)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return "", ""
+    if not isinstance(data, dict):
+        return "", ""
+    props = [p for p in data.get("properties", []) if isinstance(p, dict)]
+    examples = sum(int(p.get("examples", 0) or 0) for p in props)
+    requested = data.get("examples")
+    examples_text = f"{examples} ({requested} a property)" if props and requested is not None else ""
+    seconds = data.get("seconds")
+    return examples_text, (f"{float(seconds):.1f} s" if isinstance(seconds, (int, float)) else "")
+
+
 def _version_key(text: str) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", text)) or (10**9,)
 
@@ -138,7 +167,11 @@ def _row(result_dir: Path) -> dict[str, Any]:
     check_text, check_ok = _check_verdict(meta, result_dir / "check.json")
     pytest_exit = meta.get("pytest_exit")
     if pytest_exit is None:
-        tests, result = "not run", "not run"
+        tests = "not run"
+        if meta.get("check_exit") is None and not (result_dir / "check.json").exists():
+            result = "not run"
+        else:  # `check-all`: the check alone
+            result = "check pass" if check_ok else "FAIL"
     else:
         if counts is None:
             tests = "no junit xml"
@@ -154,6 +187,7 @@ def _row(result_dir: Path) -> dict[str, Any]:
             result = "FAIL"
     if meta.get("import_error"):
         check_text += f"; import error: {meta['import_error'][:80]}"
+    check_examples, check_time = _check_details(result_dir / "check.json")
     return {
         "lightning": lightning,
         "flavour": meta.get("flavour", "?"),
@@ -162,6 +196,8 @@ def _row(result_dir: Path) -> dict[str, Any]:
         "tests": tests,
         "time": f"{counts['time']:.0f} s" if counts else "",
         "check": check_text,
+        "check_examples": check_examples,
+        "check_time": check_time,
         "result": result,
         "recorded_at": meta.get("recorded_at", ""),
     }
@@ -182,27 +218,123 @@ def table(args: argparse.Namespace) -> int:
         f"`{args.results_label or results}`.",
         "Tests: passed / failed / errors / skipped (pytest's JUnit XML). `lightning` means the `lightning` "
         "distribution imported as `lightning.pytorch`; `pytorch_lightning` means the `pytorch-lightning` "
-        "distribution alone.",
+        "distribution alone. check: `python -m toggleshim check` (properties passed), its examples "
+        "(all properties; hand-picked worlds included) and its time. result: `check pass` where only the "
+        "check ran.",
         "",
-        "| Lightning | flavour | Python | torch | tests | time | check | result | recorded |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    if args.command_label:
+        lines[2:2] = [f"Produced by: {args.command_label}", ""]
+    lines += [
+        "| Lightning | flavour | Python | torch | tests | time | check | check examples | check time | result "
+        "| recorded |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         check = r["check"].replace("|", "\\|")
         lines.append(
             f"| {r['lightning']} | {r['flavour']} | {r['python']} | {r['torch']} | {r['tests']} "
-            f"| {r['time']} | {check} | {r['result']} | {r['recorded_at'][:16].replace('T', ' ')} |"
+            f"| {r['time']} | {check} | {r['check_examples']} | {r['check_time']} | {r['result']} "
+            f"| {r['recorded_at'][:16].replace('T', ' ')} |"
         )
     if not rows:
-        lines.append("| (no results) | | | | | | | | |")
+        lines.append("| (no results) | | | | | | | | | | |")
     text = "\n".join(lines) + "\n"
     if args.output:
         output = Path(args.output)
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text)
     print(text, end="")
-    failed = [r for r in rows if r["result"] not in ("pass", "not run")]
+    failed = [r for r in rows if r["result"] not in ("pass", "check pass", "not run")]
     return 1 if (args.strict and failed) else 0
+
+
+_VENV = re.compile(r"^matrix-lightning-(?P<lightning>.+)-flavour-(?P<flavour>lightning|pytorch_lightning)$")
+
+
+def _matrix_venvs(nox_dir: Path) -> list[tuple[Path, str, str]]:
+    """(venv, lightning version, flavour) of every nox ``matrix`` venv, oldest Lightning first."""
+    found = []
+    for venv in nox_dir.glob("matrix-*"):
+        match = _VENV.match(venv.name)
+        if match and (venv / "bin" / "python").exists():
+            # nox spells 2.0.9.post0 as 2-0-9-post0; `record` checks the version against the venv
+            found.append((venv, match["lightning"].replace("-", "."), match["flavour"]))
+    return sorted(found, key=lambda v: (_version_key(v[1]), v[2]))
+
+
+def check_all(args: argparse.Namespace) -> int:
+    """``python -m toggleshim check`` in every nox matrix venv, one after the other, then the table."""
+    venvs = [v for v in _matrix_venvs(Path(args.nox_dir)) if not args.env or any(e in v[0].name for e in args.env)]
+    if not venvs:
+        print(f"matrix_table check-all: no nox matrix venvs in {args.nox_dir} (nox -s matrix --install-only)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    results = Path(args.results)
+    json_dir = Path(args.json_dir) if args.json_dir else None
+    if json_dir:
+        json_dir.mkdir(parents=True, exist_ok=True)
+    problems = []
+    for venv, lightning, flavour in venvs:
+        python = str(venv / "bin" / "python")
+        name = f"{flavour}-{lightning}"
+        with tempfile.TemporaryDirectory() as tmp:  # the venv as it is now (and refuse a wrong one)
+            rec = subprocess.run([python, str(Path(__file__).resolve()), "record", "--dir", tmp, "--flavour", flavour,
+                                  "--lightning", lightning], capture_output=True, text=True)  # fmt: skip
+            if rec.returncode != 0:
+                problems.append(f"{name}: {rec.stderr.strip() or f'record exited {rec.returncode}'}")
+                print(f"{name}: SKIPPED, {problems[-1]}", flush=True)
+                continue
+            fresh = json.loads((Path(tmp) / "meta.json").read_text())
+        out = results / f"py{'.'.join(fresh['python'].split('.')[:2])}-{flavour}-{lightning}"
+        out.mkdir(parents=True, exist_ok=True)
+        check_json = out / "check.json"
+        check_json.unlink(missing_ok=True)
+        command = [python, "-m", "toggleshim", "check", "--examples", str(args.examples), "--seed", str(args.seed),
+                   "--flavour", MODULES[flavour], "--json", str(check_json)]  # fmt: skip
+        env = {**os.environ, "TOGGLESHIM_FLAVOUR": MODULES[flavour]}
+        started = time.monotonic()
+        try:
+            run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
+            exit_code, stdout, stderr = run.returncode, run.stdout, run.stderr
+        except subprocess.TimeoutExpired as exc:
+            partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            exit_code, stdout, stderr = -1, partial, f"timed out after {args.timeout} s"
+        wall = time.monotonic() - started
+        output = stdout + ("\n--- stderr ---\n" + stderr if stderr else "")
+        # the report's closing line is on stdout; a traceback (import error, crash) ends stderr
+        lines = [line for line in (stdout if exit_code in (0, 1) else stderr or stdout).splitlines() if line.strip()]
+        closing = lines[-1] if lines else "(no output)"
+        print(f"{name}: exit {exit_code}, {wall:.0f} s: {closing}", flush=True)
+        if exit_code != 0:
+            problems.append(f"{name}: exit {exit_code}: {closing}")
+            (out / "check.log").write_text(output)
+        meta_path = out / "meta.json"
+        old: dict[str, Any] = {}
+        if meta_path.exists():
+            try:
+                old = json.loads(meta_path.read_text())
+            except json.JSONDecodeError:
+                old = {}
+        # keep that session's pytest result only while it describes the same installed versions
+        meta = old if old.get("versions") == fresh["versions"] and old.get("flavour") == flavour else fresh
+        meta["check_exit"] = exit_code
+        meta["check_command"] = shlex.join(command[1:])
+        meta["recorded_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+        if json_dir and check_json.exists():
+            shutil.copyfile(check_json, json_dir / f"{name}.json")
+    label = "`" + shlex.join(["nice", "-n", "10", "python", "scripts/matrix_table.py", "check-all", "--examples",
+                        str(args.examples), *(["--seed", str(args.seed)] if args.seed else []),
+                        *(f"--env={e}" for e in args.env or [])])  # fmt: skip
+    label += (f"` (in each venv, one at a time: `python -m toggleshim check --examples {args.examples} "
+              f"--seed {args.seed} --flavour <lightning.pytorch|pytorch_lightning> "
+              "--json build/matrix/<session>/check.json`)")  # fmt: skip
+    status = table(argparse.Namespace(results=str(results), results_label=args.results_label, output=args.output,
+                                      strict=False, command_label=label))  # fmt: skip
+    for problem in problems:
+        print(f"check-all: {problem}", file=sys.stderr)
+    return 1 if problems else status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,8 +351,21 @@ def main(argv: list[str] | None = None) -> int:
     tab.add_argument("--results-label", help="how to name the results in the text (default: the path)")
     tab.add_argument("--output", help="file to write (also printed)")
     tab.add_argument("--strict", action="store_true", help="exit 1 when any row failed")
+    tab.add_argument("--command-label", help="Markdown naming the command that produced the results")
+    chk = sub.add_parser("check-all", help="`python -m toggleshim check` in every .nox/matrix-* venv, then the table")
+    chk.add_argument("--nox-dir", default=str(ROOT / ".nox"))
+    chk.add_argument("--results", default=str(ROOT / "build" / "matrix"))
+    chk.add_argument("--results-label", default="build/matrix", help="how to name the results in the text")
+    chk.add_argument("--output", default=str(ROOT / "docs" / "compatibility.md"), help="file to write (also printed)")
+    chk.add_argument("--examples", type=int, default=30, help="random worlds a property (default 30)")
+    chk.add_argument("--seed", type=int, default=0)
+    chk.add_argument("--env", action="append", help="only venvs whose name contains this (repeatable)")
+    chk.add_argument("--json-dir", help="also copy each report to DIR/<flavour>-<version>.json")
+    chk.add_argument("--timeout", type=float, default=1800, help="seconds a venv (default 1800)")
     args = parser.parse_args(argv)
-    return record(args) if args.command == "record" else table(args)
+    if args.command == "record":
+        return record(args)
+    return check_all(args) if args.command == "check-all" else table(args)
 
 
 if __name__ == "__main__":
