@@ -109,6 +109,22 @@ def test_lightning_imported_after_toggleshim_is_patched() -> None:
     subprocess.run([sys.executable, "-c", code_before], check=True)
 
 
+@pytest.mark.parametrize("first", ["lightning.pytorch", "pytorch_lightning"])
+def test_importing_toggleshim_keeps_the_users_lightning_logger(first: str) -> None:
+    # Importing a flavour rebinds Lightning's shared rank-zero logger: the shim must never import one.
+    import subprocess
+    import sys
+
+    code = (
+        f"import {first}, toggleshim\n"
+        "from lightning_utilities.core import rank_zero\n"
+        "assert toggleshim.is_installed()\n"
+        "print(rank_zero.log.name)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().startswith(first)
+
+
 def test_subclass_with_its_own_toggle_optimizer_is_left_alone(flavour: str) -> None:
     base = pl(flavour).LightningModule
 

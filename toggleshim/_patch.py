@@ -7,8 +7,10 @@ object, also after ``importlib.reload(toggleshim)``.
 """
 
 import importlib
+import importlib.abc
 import inspect
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,20 +52,72 @@ class _Flavour:
 _FLAVOURS = (("lightning.pytorch", "lightning"), ("pytorch_lightning", "pytorch-lightning"))
 
 
+def _loaded(name: str, dist: str) -> _Flavour | None:
+    """The flavour ``name`` once its ``core.module`` has run, else None. Never imports anything.
+
+    Importing a flavour the user did not import is not harmless: ``lightning.pytorch`` and
+    ``pytorch_lightning`` each rebind ``lightning_utilities.core.rank_zero.log`` (and the fabric
+    ``rank_zero_deprecation_category``) to their own when imported, so the last one imported decides
+    which logger Lightning's ``rank_zero_info`` messages go to and which ``LightningDeprecationWarning``
+    class its deprecations raise.
+    """
+    module_cls = getattr(sys.modules.get(f"{name}.core.module"), "LightningModule", None)
+    optimizer_cls = getattr(sys.modules.get(f"{name}.core.optimizer"), "LightningOptimizer", None)
+    if module_cls is None or optimizer_cls is None:
+        return None
+    return _Flavour(name, dist, module_cls, optimizer_cls)
+
+
 def _flavours() -> list[_Flavour]:
-    """Every importable Lightning flavour (importing both costs ~0.1 s once one is loaded)."""
-    found = []
-    for name, dist in _FLAVOURS:
-        try:
-            module = importlib.import_module(name)
-            optim = importlib.import_module(f"{name}.core.optimizer")
-        except ImportError:
-            continue
-        found.append(_Flavour(name, dist, module.LightningModule, optim.LightningOptimizer))
+    """Every Lightning flavour already imported (the others are patched by the import hook)."""
+    found = [f for f in (_loaded(name, dist) for name, dist in _FLAVOURS) if f is not None]
     for flavour in found:
         if flavour.optimizer_cls not in _toggle._LIGHTNING_OPTIMIZERS:
             _toggle._LIGHTNING_OPTIMIZERS.append(flavour.optimizer_cls)
     return found
+
+
+_HOOKED = frozenset(f"{name}.core.module" for name, _ in _FLAVOURS)
+_hook_allow_untested: list[bool | None] = [None]
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Runs the real loader, then ``install()``: the flavour is patched the moment it exists."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        install(_hook_allow_untested[0])
+
+
+class _ImportHook:
+    """``sys.meta_path`` entry that wraps the loader of ``<flavour>.core.module``."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in _HOOKED:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or isinstance(finder, _ImportHook) or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+def _hooks() -> list[Any]:
+    # by name, so that a hook left by a module object replaced by importlib.reload is recognised
+    return [f for f in sys.meta_path if type(f).__name__ == "_ImportHook" and type(f).__module__ == __name__]
 
 
 def _parse(version: str) -> tuple[int, int]:
@@ -192,6 +246,9 @@ def install(allow_untested: bool | None = None) -> None:
     ``TOGGLESHIM_ALLOW_UNTESTED=1``) patches a Lightning newer than the tested range.
     Subclasses that define their own ``toggle_optimizer`` are never touched.
     """
+    _hook_allow_untested[0] = allow_untested
+    if not _hooks():
+        sys.meta_path.insert(0, _ImportHook())
     if allow_untested is None:
         allow_untested = os.environ.get(_ALLOW_UNTESTED_ENV, "") not in ("", "0")
     for flavour in _flavours():
@@ -213,6 +270,8 @@ def install(allow_untested: bool | None = None) -> None:
 
 def uninstall() -> None:
     """Put back the exact original function objects on every flavour (a no-op where not installed)."""
+    for hook in _hooks():
+        sys.meta_path.remove(hook)
     for flavour in _flavours():
         for name in _PATCHED:
             original = getattr(vars(flavour.module_cls).get(name), _SENTINEL, None)
@@ -221,6 +280,6 @@ def uninstall() -> None:
 
 
 def is_installed() -> bool:
-    """True when every installed Lightning flavour (at least one) is patched."""
+    """True when every imported Lightning flavour (at least one) is patched."""
     found = _flavours()
     return bool(found) and all(hasattr(vars(f.module_cls).get(name), _SENTINEL) for f in found for name in _PATCHED)
