@@ -17,12 +17,14 @@ from toggleshim.testing.harness import (
     ShimDriver,
     World,
     assert_lightning_follows_model,
+    assert_program_equivalent,
     assert_toggle_equivalent,
     assert_toggle_equivalent_in_trainer,
     build_world,
     compare_runs,
     installed_flavours,
     run_program,
+    user_world,
 )
 from toggleshim.testing.model import ToggleModel, expected_calls, lightning_toggle, lightning_untoggle
 from toggleshim.testing.specs import (
@@ -62,6 +64,7 @@ __all__ = [
     "World",
     "WorldSpec",
     "assert_lightning_follows_model",
+    "assert_program_equivalent",
     "assert_toggle_equivalent",
     "assert_toggle_equivalent_in_trainer",
     "build_world",
@@ -74,5 +77,6 @@ __all__ = [
     "optimizer_partitions",
     "programs",
     "run_program",
+    "user_world",
     "worlds",
 ]

@@ -30,6 +30,7 @@ from toggleshim.testing.specs import (
     SetRequiresGrad,
     Statement,
     WorldSpec,
+    _nested_in_block,
 )
 
 __all__ = [
@@ -669,3 +670,38 @@ def assert_lightning_follows_model(spec: WorldSpec, flavour: str = "lightning.py
         raise ValueError("the manual sequence has no nesting rule: pass a flat program")
     run = run_program(build_world(spec, flavour), spec.program, ManualDriver.for_flavour(flavour))
     check_calls(run, "manual")
+
+
+# -- your own module ------------------------------------------------------------------------------
+
+
+def user_world(module: Any, optimizers: Sequence[torch.optim.Optimizer],
+               terms: Sequence[Callable[[], torch.Tensor]] | None = None) -> World:
+    """A world from *your* module and optimizers (made fresh for each call, identically).
+
+    ``terms`` are the loss pieces a program's ``Backward`` picks from (default: one per parameter,
+    ``(p * p).sum()``, so a program touches random subsets). A module not attached to a Trainer gets
+    a stand-in that exposes ``optimizers``.
+    """
+    params = list(module.parameters())
+    if getattr(module, "_trainer", None) is None:
+        _stand_in_trainer(module, list(optimizers))
+    world = World(module, params, list(optimizers),
+                  list(terms) if terms is not None else [functools.partial(_loose_term, p) for p in params],
+                  _optimizer_params(optimizers, params))
+    world.instrument()
+    return world
+
+
+def assert_program_equivalent(make_world: Callable[[], World], program: Sequence[object],
+                              flavour: str = "lightning.pytorch") -> None:
+    """Run ``program`` on two fresh worlds from ``make_world``: the shim against the model at every
+    point, and (for flat programs) against Lightning's manual sequence, bitwise."""
+    spec_nested = any(_nested_in_block(op, False) for op in program)
+    shim_world = make_world()
+    shim = run_program(shim_world, program, ShimDriver())
+    check_calls(shim)
+    if not spec_nested:
+        manual = run_program(make_world(), program, ManualDriver.for_flavour(flavour))
+        check_calls(manual, "manual")
+        compare_runs(shim, manual, shim_world)
