@@ -18,7 +18,7 @@ from importlib import metadata
 from typing import Any
 
 from toggleshim import _toggle
-from toggleshim._toggle import Toggle, _open_statement_toggle
+from toggleshim._toggle import Toggle, _keep_dynamo_out, _open_statement_toggle
 
 __all__ = ["ToggleshimWarning", "install", "is_installed", "uninstall"]
 
@@ -283,3 +283,4 @@ def is_installed() -> bool:
     """True when every imported Lightning flavour (at least one) is patched."""
     found = _flavours()
     return bool(found) and all(hasattr(vars(f.module_cls).get(name), _SENTINEL) for f in found for name in _PATCHED)
+_keep_dynamo_out(globals())

@@ -410,3 +410,34 @@ def _open_statement_toggle(module: Any, optimizer: Any) -> Toggle[Any] | None:
     if top._optimizer is optimizer or _unwrap(top._optimizer) is _unwrap(optimizer):
         return top
     return None
+
+
+def _keep_dynamo_out(namespace: dict[str, Any]) -> None:
+    """Have torch.compile run our code eagerly instead of tracing it (at no cost outside compile).
+
+    Traced, the toggle's bookkeeping (a weak dictionary of modules) becomes a dynamo guard that can
+    break compilation; ``skip_code`` makes dynamo graph-break at our calls, as Lightning's newest
+    source does with ``torch.compiler.disable`` on its own toggle (whose wrapper costs ~3 us a call).
+    """
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except Exception:  # pragma: no cover - a torch without dynamo
+        return
+    module = namespace["__name__"]
+
+    def codes(code: Any) -> Any:
+        yield code
+        for const in code.co_consts:
+            if hasattr(const, "co_code"):
+                yield from codes(const)
+
+    for value in list(namespace.values()):
+        members = vars(value).values() if isinstance(value, type) else (value,)
+        for member in members:
+            fn = getattr(member, "__func__", member)
+            if getattr(fn, "__module__", None) == module and hasattr(fn, "__code__"):
+                for code in codes(fn.__code__):
+                    skip_code(code)
+
+
+_keep_dynamo_out(globals())

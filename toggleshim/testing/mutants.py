@@ -116,9 +116,12 @@ SHIM: dict[str, tuple[str, str]] = {
         "        except BaseException:\n            raise",
     ),
     "no untoggle when step fails": (
-        "            if exc_type is None and self._step:\n                self._optimizer.step()",
-        "            if exc_type is None and self._step:\n                self._optimizer.step()\n"
-        "                self._close(self._state)",
+        "        try:\n            if exc_type is None and self._step:\n"
+        "                self._optimizer.step()  # type: ignore[union-attr]\n"
+        "        finally:\n            self._close(self._state)",
+        "        if exc_type is None and self._step:\n"
+        "            self._optimizer.step()  # type: ignore[union-attr]\n"
+        "        self._close(self._state)",
     ),
     "flat exit restores nothing": (
         "                for p, was in zip(plan.restore, plan.pick_restore(self._vals)):\n"

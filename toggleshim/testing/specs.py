@@ -305,9 +305,12 @@ FLAT_EXAMPLES = (
     WorldSpec(_TWO, (), _SHARED, (Block(0, (SetRequiresGrad(1, False), Backward((0,)))), Block(1))),
     WorldSpec(_TWO, (), _SHARED, (Block(1, (Backward((1,)), Raise("interrupt"))), Block(1, fail="step"))),
     WorldSpec(_TWO, (), _SHARED, (Statement(0, (Block(1, (Backward((1,)),)),)),)),
+    WorldSpec(_TWO, (), _SHARED, (Backward((0, 1)), Block(0, zero_grad=False, step=False), Block(1, fail="zero_grad"))),
+    WorldSpec(_TWO, (), _SHARED, (Block(0, (SetRequiresGrad(0, False),)), Block(0), Block(1, (Backward((1,)),)))),
 )
 #: Nested worlds: a block inside a block, a statement toggle left open inside a block.
 NESTED_EXAMPLES = (
     WorldSpec(_TWO, (), _SHARED, (Block(0, (Block(1, (Backward((1,)),)), Backward((0,)))),)),
     WorldSpec(_TWO, (), _SHARED, (Block(0, (Statement(1, (Raise(),)),)), Block(1, (Backward((1,)),)))),
+    WorldSpec(_TWO, (), _SHARED, (Block(0, (Statement(1, (Backward((1,)),)), Backward((0,)))),)),
 )
