@@ -121,7 +121,7 @@ def _git(git_dir: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
 
 
 def _version_key(tag: str) -> tuple[int, ...] | None:
-    m = re.fullmatch(r"v?(\d+)\.(\d+)\.(\d+)", tag)
+    m = re.fullmatch(r"v?(\d+)\.(\d+)\.(\d+)(?:\.post\d+)?", tag)  # 2.0.9.post0 is a release too
     return tuple(int(x) for x in m.groups()) if m else None
 
 
@@ -134,6 +134,9 @@ def choose_ref(git_dir: Path, installed: str) -> tuple[str, str | None]:
     want = _version_key(installed)
     if want is None:
         raise StageError(f"cannot parse the installed Lightning version {installed!r}; pass --ref")
+    for tag in (installed, f"v{installed}"):
+        if tag in tags:
+            return tag, None
     for tag, key in tags.items():
         if key == want:
             return tag, None
