@@ -534,14 +534,7 @@ def check_calls(run: Run, driver_name: str = "shim") -> None:
 def assert_toggle_equivalent(spec: WorldSpec, flavour: str = "lightning.pytorch") -> None:
     """The shim world equals the model at every point; for flat programs, also Lightning's manual
     sequence, bitwise (requires_grad, gradients, parameters, buffers, optimizer state, exceptions)."""
-    shim_world = build_world(spec, flavour)
-    shim = run_program(shim_world, spec.program, ShimDriver())
-    check_calls(shim)
-    if not spec.nested:
-        manual_world = build_world(spec, flavour)
-        manual = run_program(manual_world, spec.program, ManualDriver.for_flavour(flavour))
-        check_calls(manual, "manual")
-        compare_runs(shim, manual, shim_world)
+    assert_program_equivalent(functools.partial(build_world, spec, flavour), spec.program, flavour)
 
 
 # -- under a real Trainer -----------------------------------------------------------------------
