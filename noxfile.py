@@ -162,4 +162,8 @@ def matrix(session: nox.Session, lightning: str, flavour: str) -> None:
 def matrix_table(session: nox.Session) -> None:
     """Write docs/compatibility.md from the results in build/matrix/ (and print it)."""
     output = ROOT / "docs" / "compatibility.md"
-    session.run(sys.executable, str(RECORDER), "table", "--results", str(RESULTS), "--output", str(output))
+    session.run(
+        sys.executable, str(RECORDER), "table", "--results", str(RESULTS), "--results-label", "build/matrix",
+        "--output", str(output), "--command-label", "`nox -s matrix` (pytest -n auto with HYPOTHESIS_PROFILE=dev, "
+        "then `python -m toggleshim check`, in each venv)",
+    )  # fmt: skip

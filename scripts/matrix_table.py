@@ -55,6 +55,19 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _commit() -> str | None:
+    """The toggleshim checkout's commit (``+dirty`` when the package or tests differ from it), if a git checkout."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()  # fmt: skip
+        paths = ["toggleshim", "tests", "property_tests", "conftest.py"]
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", *paths], capture_output=True,
+                               text=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
 def record(args: argparse.Namespace) -> int:
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -86,6 +99,7 @@ def record(args: argparse.Namespace) -> int:
             "platform": f"{platform.system()} {platform.machine()}",
             "versions": versions,
             "import_error": import_error,
+            "commit": _commit(),
         }
     if args.pytest_exit is not None:
         meta["pytest_exit"] = args.pytest_exit
@@ -158,6 +172,14 @@ def _version_key(text: str) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", text)) or (10**9,)
 
 
+def _commit_cell(meta: dict[str, Any]) -> str:
+    """The toggleshim commit the row's results came from (tests and check, when they differ)."""
+    tests, check = meta.get("commit"), meta.get("check_commit")
+    if check and check != tests and meta.get("pytest_exit") is not None:
+        return f"tests {tests or '?'}, check {check}"
+    return str(check or tests or "")
+
+
 def _row(result_dir: Path) -> dict[str, Any]:
     meta = json.loads((result_dir / "meta.json").read_text())
     versions = meta.get("versions", {})
@@ -200,6 +222,7 @@ def _row(result_dir: Path) -> dict[str, Any]:
         "check_time": check_time,
         "result": result,
         "recorded_at": meta.get("recorded_at", ""),
+        "commit": _commit_cell(meta),
     }
 
 
@@ -227,18 +250,18 @@ def table(args: argparse.Namespace) -> int:
         lines[2:2] = [f"Produced by: {args.command_label}", ""]
     lines += [
         "| Lightning | flavour | Python | torch | tests | time | check | check examples | check time | result "
-        "| recorded |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| recorded | commit |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         check = r["check"].replace("|", "\\|")
         lines.append(
             f"| {r['lightning']} | {r['flavour']} | {r['python']} | {r['torch']} | {r['tests']} "
             f"| {r['time']} | {check} | {r['check_examples']} | {r['check_time']} | {r['result']} "
-            f"| {r['recorded_at'][:16].replace('T', ' ')} |"
+            f"| {r['recorded_at'][:16].replace('T', ' ')} | {r['commit']} |"
         )
     if not rows:
-        lines.append("| (no results) | | | | | | | | | | |")
+        lines.append("| (no results) | | | | | | | | | | | |")
     text = "\n".join(lines) + "\n"
     if args.output:
         output = Path(args.output)
@@ -320,6 +343,7 @@ def check_all(args: argparse.Namespace) -> int:
         meta = old if old.get("versions") == fresh["versions"] and old.get("flavour") == flavour else fresh
         meta["check_exit"] = exit_code
         meta["check_command"] = shlex.join(command[1:])
+        meta["check_commit"] = _commit()
         meta["recorded_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         meta_path.write_text(json.dumps(meta, indent=2) + "\n")
         if json_dir and check_json.exists():
