@@ -13,7 +13,11 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lightning.pytorch import LightningModule
+
+try:  # either Lightning flavour: the `lightning` package or the standalone `pytorch_lightning`
+    from lightning.pytorch import LightningModule
+except ImportError:
+    from pytorch_lightning import LightningModule  # type: ignore[assignment, no-redef]
 from torch import nn
 
 import toggleshim  # noqa: F401  (installs the shim)

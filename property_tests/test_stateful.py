@@ -19,6 +19,10 @@ import toggleshim  # noqa: F401
 from toggleshim.testing import InjectedFault, ToggleModel, WorldSpec, build_world, installed_flavours, worlds
 
 
+def _params(opt: Any) -> list[Any]:
+    return [p for g in opt.param_groups for p in g["params"]]
+
+
 @dataclass
 class _Open:
     toggle: Any
@@ -131,6 +135,70 @@ class ToggleMachine(RuleBasedStateMachine):
         self.user_changed_inside = self.user_changed_inside or bool(self.model.stack)
         if not value:
             self.ever_frozen.add(i)
+
+    @rule(data=st.data(), how=st.sampled_from(["move", "replace", "add group", "remove", "reorder"]))
+    def edit_optimizers(self, data: st.DataObject, how: str) -> None:
+        """Edit the optimizers' parameter lists in place, as a user may between or inside blocks.
+
+        A toggle caches what it learnt about the layout; after an edit it must see the new one.
+        """
+        opts = [getattr(o, "_optimizer", o) for o in self.world.opts]
+        k = self.k(data)
+        lists = [g["params"] for g in opts[k].param_groups]
+        param = self.world.params[data.draw(st.integers(0, len(self.world.params) - 1), label="parameter")]
+        if how == "move" and any(lists):
+            taken = data.draw(st.sampled_from([lst for lst in lists if lst])).pop()
+            target = opts[self.k(data)].param_groups[0]["params"]
+            target.insert(data.draw(st.integers(0, len(target))), taken)
+        elif how == "replace" and any(lists):
+            target = data.draw(st.sampled_from([lst for lst in lists if lst]))
+            target[data.draw(st.integers(0, len(target) - 1))] = param
+        elif how == "add group" and not any(param is q for q in _params(opts[k])):
+            opts[k].add_param_group({"params": [param]})  # torch refuses a parameter the optimizer holds
+        elif how == "remove" and any(lists):
+            target = data.draw(st.sampled_from([lst for lst in lists if lst]))
+            target.pop(data.draw(st.integers(0, len(target) - 1)))
+        elif how == "reorder":
+            if len(lists) > 1:
+                opts[k].param_groups.reverse()
+            else:
+                lists[0].reverse()
+        self.edited(opts)
+
+    @precondition(lambda self: self.blocks)
+    @rule(data=st.data(), into_the_block=st.booleans())
+    def take_a_parameter_away_inside_a_block(self, data: st.DataObject, into_the_block: bool) -> None:
+        """The edit that matters most inside a block: a parameter the toggle froze leaves another
+        optimizer (dropped, or moved into the block's optimizer). The block's exit must be Lightning's
+        untoggle over the edited lists (which leaves it frozen), not over the lists it toggled."""
+        opts = [getattr(o, "_optimizer", o) for o in self.world.opts]
+        top = self.blocks[-1].k
+        others = [j for j, o in enumerate(opts) if j != top and _params(o)]
+        if not others:
+            return
+        j = data.draw(st.sampled_from(others), label="from optimizer")
+        source = data.draw(st.sampled_from([g["params"] for g in opts[j].param_groups if g["params"]]))
+        taken = source.pop(data.draw(st.integers(0, len(source) - 1)))
+        if into_the_block and not any(taken is q for q in _params(opts[top])):
+            opts[top].param_groups[0]["params"].append(taken)
+        self.edited(opts)
+
+    def edited(self, opts: list[Any]) -> None:
+        """Tell the model the optimizers' new parameter lists."""
+        index = {id(p): i for i, p in enumerate(self.world.params)}
+        before = self.world.optimizers_spec
+        self.world.optimizers_spec = [[index[id(p)] for p in _params(o)] for o in opts]
+        self.model.set_optimizers(self.world.optimizers_spec)
+        if self.model.stack or self.model.record:
+            # A parameter that changes optimizers while a toggle is open may legitimately stay frozen
+            # (Lightning's untoggle restores the other optimizers' parameters as they are at the
+            # untoggle), and so may one frozen now; the model still says exactly what happens.
+            def held(spec: list[list[int]], i: int) -> set[int]:
+                return {k for k, params in enumerate(spec) if i in params}
+
+            moved = {i for i in range(len(self.world.params)) if held(before, i) != held(self.world.optimizers_spec, i)}
+            self.ever_frozen |= moved | {i for i, p in enumerate(self.world.params) if not p.requires_grad}
+            self.user_changed_inside = True
 
     @rule(data=st.data())
     def backward(self, data: st.DataObject) -> None:

@@ -228,13 +228,15 @@ def test_judge_verdicts() -> None:
     assert any("ran at baseline but not with the shim" in f for f in failures)
 
 
-def test_runner_end_to_end_on_a_miniature_lightning(tmp_path: Path) -> None:
+def test_runner_end_to_end_on_a_miniature_lightning(tmp_path: Path, flavour: str) -> None:
     """Stage from git, run baseline and shim, port the GPU-gated test to CPU, and judge (~30 s)."""
-    installed = metadata.version("lightning")
+    name = "lightning" if flavour == "lightning.pytorch" else "pytorch_lightning"
+    installed = metadata.version("lightning" if name == "lightning" else "pytorch-lightning")
     git_dir = _fake_lightning(tmp_path / "fake-lightning", [installed])
     out = tmp_path / "result.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(git_dir), "--workers", "0", "--timeout", "300", "--json", str(out)],
+        [sys.executable, str(SCRIPT), str(git_dir), "--workers", "0", "--timeout", "300", "--json", str(out),
+         "--flavour", name],
         capture_output=True,
         text=True,
         timeout=600,
@@ -251,7 +253,7 @@ def test_runner_end_to_end_on_a_miniature_lightning(tmp_path: Path) -> None:
         "tests/tests_pytorch/trainer/optimization/test_manual_optimization.py::"
         "test_step_with_optimizer_closure_with_different_frequencies_ddp_with_toggle_model"
     )
-    base, shim = result["runs"]["lightning/baseline"], result["runs"]["lightning/shim"]
+    base, shim = result["runs"][f"{name}/baseline"], result["runs"][f"{name}/shim"]
     assert base["outcomes"] == {toggle: "passed", only_shim: "passed", both: "failed", gated: "passed"}
     assert shim["outcomes"] == {toggle: "passed", only_shim: "failed", both: "failed", gated: "passed"}
     assert base["toggles"] == 0 and base["problems"] == [] and shim["problems"] == []
@@ -259,6 +261,6 @@ def test_runner_end_to_end_on_a_miniature_lightning(tmp_path: Path) -> None:
     assert shim["per_test_toggles"][toggle] == 6
     assert shim["per_test_toggles"][gated] == 2
     assert gated in shim["cpu_ported"] and gated in base["cpu_ported"]
-    assert result["failures"] == [f"[lightning/shim] fails only with the shim: {only_shim} (failed; baseline: passed)"]
+    assert result["failures"] == [f"[{name}/shim] fails only with the shim: {only_shim} (failed; baseline: passed)"]
     assert any(both in note for note in result["notes"])
     assert "FAILED checks:" in proc.stdout

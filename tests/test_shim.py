@@ -18,6 +18,7 @@ from _fixtures import pl, state, three_heads
 
 import toggleshim
 from toggleshim import Toggle, ToggleshimWarning
+from toggleshim.testing import installed_flavours
 
 ORIGINAL = {}  # the exact function objects Lightning ships, captured before any test patches
 for _f in ("lightning.pytorch", "pytorch_lightning"):
@@ -55,13 +56,13 @@ def test_import_patches_every_flavour(flavour: str) -> None:
     assert vars(cls)["toggle_optimizer"]._toggleshim_original is ORIGINAL[(flavour, "toggle_optimizer")]
 
 
-def test_flavours_are_distinct_classes_both_patched() -> None:
-    import lightning.pytorch
-    import pytorch_lightning
-
-    assert lightning.pytorch.LightningModule is not pytorch_lightning.LightningModule
-    for cls in (lightning.pytorch.LightningModule, pytorch_lightning.LightningModule):
+def test_every_installed_flavour_is_patched_on_its_own_class() -> None:
+    classes = [pl(f).LightningModule for f in installed_flavours()]
+    assert classes, "no Lightning flavour installed"
+    assert len({id(c) for c in classes}) == len(classes)  # lightning.pytorch and pytorch_lightning: distinct
+    for cls in classes:
         assert hasattr(vars(cls)["toggle_optimizer"], "_toggleshim_original")
+        assert hasattr(vars(cls)["untoggle_optimizer"], "_toggleshim_original")
 
 
 def test_install_twice_is_a_noop(flavour: str) -> None:
@@ -96,33 +97,35 @@ def test_lightning_imported_after_toggleshim_is_patched() -> None:
     import subprocess
     import sys
 
-    code = (
-        "import toggleshim, sys\n"
-        "assert 'lightning' not in sys.modules or True\n"
-        "import pytorch_lightning as pl_, lightning.pytorch as L\n"
+    flavours = installed_flavours()
+    after = (
+        "import sys, toggleshim\n"
+        "assert not any(name.split('.')[0] in ('lightning', 'pytorch_lightning') for name in sys.modules)\n"
+        f"import {', '.join(flavours)}\n"
+        f"for cls in ({''.join(f + '.LightningModule, ' for f in flavours)}):\n"
+        "    assert hasattr(vars(cls)['toggle_optimizer'], '_toggleshim_original'), cls\n"
         "assert toggleshim.is_installed()\n"
-        "print(type(L.LightningModule.toggle_optimizer(L.LightningModule(), None)) if False else 'ok')\n"
+        "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "ok"
-    code_before = "import lightning.pytorch, pytorch_lightning, toggleshim; assert toggleshim.is_installed()"
-    subprocess.run([sys.executable, "-c", code_before], check=True)
+    out = subprocess.run([sys.executable, "-c", after], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    before = f"import {', '.join(flavours)}, toggleshim; assert toggleshim.is_installed()"
+    subprocess.run([sys.executable, "-c", before], check=True)
 
 
-@pytest.mark.parametrize("first", ["lightning.pytorch", "pytorch_lightning"])
-def test_importing_toggleshim_keeps_the_users_lightning_logger(first: str) -> None:
+def test_importing_toggleshim_keeps_the_users_lightning_logger(flavour: str) -> None:
     # Importing a flavour rebinds Lightning's shared rank-zero logger: the shim must never import one.
     import subprocess
     import sys
 
     code = (
-        f"import {first}, toggleshim\n"
+        f"import {flavour}, toggleshim\n"
         "from lightning_utilities.core import rank_zero\n"
         "assert toggleshim.is_installed()\n"
         "print(rank_zero.log.name)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip().startswith(first)
+    assert out.stdout.strip().startswith(flavour)
 
 
 def test_subclass_with_its_own_toggle_optimizer_is_left_alone(flavour: str) -> None:
@@ -340,6 +343,107 @@ def test_cached_plan_follows_parameter_changes(flavour: str) -> None:
         shim._trainer.optimizers = [torch.optim.SGD([fresh], lr=0.1)]
         with shim.toggle_optimizer(shim._trainer.optimizers[0], step=False):
             assert fresh.requires_grad
+
+
+LAYOUT_EDITS: dict[str, Any] = {
+    # each edits a module's optimizers in place (same objects, same list objects where possible)
+    "replace a parameter in place (same length)": lambda m: m.opts[0].param_groups[0]["params"].__setitem__(
+        0, m.c.weight
+    ),
+    "swap two parameters inside a group": lambda m: m.opts[1].param_groups[0]["params"].reverse(),
+    "add a parameter group": lambda m: m.opts[0].add_param_group({"params": [m.c.bias]}),
+    "add a parameter group to the last optimizer": lambda m: m.opts[2].add_param_group({"params": [m.a.bias]}),
+    "append a parameter to the last group": lambda m: m.opts[2].param_groups[-1]["params"].append(m.free),
+    "remove the last parameter": lambda m: m.opts[2].param_groups[-1]["params"].pop(),
+    "move a whole group to the previous optimizer": lambda m: m.opts[0].param_groups.append(
+        m.opts[1].param_groups.pop()
+    ),
+    "move a group's boundary": lambda m: m.opts[1].param_groups[0]["params"].append(
+        m.opts[2].param_groups[0]["params"].pop(0)
+    ),
+    "reorder trainer.optimizers in place": lambda m: m._trainer.optimizers.reverse(),
+    "drop an optimizer from the trainer": lambda m: m._trainer.optimizers.pop(),
+    "share a parameter between optimizers": lambda m: m.opts[1].param_groups[0]["params"].append(m.a.bias),
+    "replace a group's params list": lambda m: m.opts[1].param_groups[0].__setitem__(
+        "params", [m.b.bias, m.b.weight]
+    ),
+    "replace an optimizer by a new one over the same parameters": lambda m: m._trainer.optimizers.__setitem__(
+        0, torch.optim.SGD(m.opts[0].param_groups[0]["params"], lr=0.1)
+    ),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(LAYOUT_EDITS))
+@pytest.mark.parametrize("wrapped", [False, True], ids=["torch-optimizer", "LightningOptimizer"])
+def test_cached_plan_follows_in_place_layout_edits(flavour: str, edit: str, wrapped: bool) -> None:
+    """A plan cached before an in-place edit of the optimizers' layout is never reused after it."""
+    shim, ref = three_heads(flavour, n_opt=3, frozen=True), three_heads(flavour, n_opt=3, frozen=True)
+    for m in (shim, ref):
+        with torch.no_grad():  # equal values everywhere: a cache comparing tensors by value is fooled
+            for p in m.parameters():
+                p.fill_(1.0)
+    lightning_optimizer = pl(flavour).core.optimizer.LightningOptimizer
+    mine = {id(m): tuple(m.opts) for m in (shim, ref)}  # m.opts is the trainer's list, edited below
+
+    def opt(m: Any, k: int) -> Any:
+        return lightning_optimizer(mine[id(m)][k]) if wrapped else mine[id(m)][k]
+
+    def record(m: Any) -> dict[str, bool]:
+        return {n: v for n, p in m.named_parameters() for q, v in m._param_requires_grad_state.items() if q is p}
+
+    for k in range(3):  # cache a plan for every optimizer
+        with shim.toggle_optimizer(opt(shim, k), step=False, zero_grad=False):
+            pass
+    for m in (shim, ref):
+        LAYOUT_EDITS[edit](m)
+    for k in range(3):
+        shim_opt, ref_opt = opt(shim, k), opt(ref, k)
+        try:
+            lightning_toggle(flavour, ref, ref_opt)
+        except KeyError:  # the edit left this optimizer with a parameter no trainer optimizer holds
+            before = state(shim)
+            with pytest.raises(ValueError, match=r"none of trainer\.optimizers holds"):
+                shim.toggle_optimizer(shim_opt)
+            assert state(shim) == before
+            continue
+        shim.toggle_optimizer(shim_opt)
+        assert state(shim) == state(ref), (edit, k)
+        assert record(shim) == record(ref), (edit, k)
+        for o in (shim_opt, ref_opt):  # the user flips a toggled parameter meanwhile
+            for first in [p for g in o.param_groups for p in g["params"]][:1]:
+                first.requires_grad_(not first.requires_grad)
+        shim.untoggle_optimizer(shim_opt)
+        lightning_untoggle(flavour, ref, ref_opt)
+        assert state(shim) == state(ref), (edit, k)
+        with shim.toggle_optimizer(shim_opt, step=False, zero_grad=False):
+            lightning_toggle(flavour, ref, ref_opt)
+            assert state(shim) == state(ref), (edit, k)
+            for o in (shim_opt, ref_opt):
+                for last in [p for g in o.param_groups for p in g["params"]][-1:]:
+                    last.requires_grad_(not last.requires_grad)
+        lightning_untoggle(flavour, ref, ref_opt)
+        assert state(shim) == state(ref), (edit, k)
+
+
+def test_cached_plan_is_not_fooled_by_a_reused_id(flavour: str) -> None:
+    """Fresh LightningOptimizer wrappers die after each toggle and CPython reuses their ids: a plan
+    cached for a dead wrapper must not be taken for the new wrapper of another optimizer."""
+    shim, ref = three_heads(flavour, n_opt=3, frozen=True), three_heads(flavour, n_opt=3, frozen=True)
+    wrap = pl(flavour).core.optimizer.LightningOptimizer
+    seen: dict[int, set[int]] = {}
+    for k in [0, 1, 2, 1, 0, 2, 2, 0, 1] * 3:
+        shim_opt = wrap(shim.opts[k])
+        seen.setdefault(id(shim_opt), set()).add(k)
+        with shim.toggle_optimizer(shim_opt, step=False, zero_grad=False):
+            lightning_toggle(flavour, ref, ref.opts[k])
+            assert state(shim) == state(ref), k
+            for m in (shim, ref):  # flipped inside: the block's exit must restore the right ones
+                m.opts[(k + 1) % 3].param_groups[0]["params"][0].requires_grad_(False)
+                m.opts[k].param_groups[0]["params"][-1].requires_grad_(True)
+        lightning_untoggle(flavour, ref, ref.opts[k])
+        assert state(shim) == state(ref), k
+        del shim_opt
+    assert any(len(ks) > 1 for ks in seen.values()), "no id was reused: the test did not test anything"
 
 
 # nesting

@@ -21,7 +21,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Sequence
 from itertools import chain, compress
-from operator import attrgetter, itemgetter
+from operator import attrgetter, is_, itemgetter
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar
 
@@ -49,25 +49,39 @@ class _Plan:
 
     Built once per (module, optimizer, parameter layout) and reused while the layout is unchanged,
     so the hot path is a handful of C-level passes instead of Lightning's tensor-keyed dict work.
+    The layout is ``trainer.optimizers`` (by identity), their group counts, the length of every
+    group's ``params`` list and every parameter in them, by identity (``flat``, held: no parameter
+    in it can die and have its id reused while the plan exists).
     """
 
     __slots__ = (
+        "flat",
         "free",
-        "key",
+        "groups",
+        "inner_id",
         "last_record",
         "last_vals",
         "managed",
+        "opt_ids",
+        "outside",
         "own_mask",
         "pick_free",
         "pick_restore",
         "restore",
+        "sizes",
     )
 
     def __init__(
-        self, key: tuple[Any, ...], managed: tuple[Any, ...], own_mask: tuple[bool, ...], restore_idx: list[int]
+        self,
+        layout: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[Any, ...], int],
+        outside: tuple[Any, ...] | None,
+        managed: tuple[Any, ...],
+        own_mask: tuple[bool, ...],
+        restore_idx: list[int],
     ) -> None:
-        self.key = key
-        self.managed = managed  # holds every parameter the key names: their ids stay unique
+        self.opt_ids, self.groups, self.sizes, self.flat, self.inner_id = layout
+        self.outside = outside  # the toggled optimizer's parameters when it is not a trainer optimizer
+        self.managed = managed
         self.own_mask = own_mask
         free_idx = [i for i, mine in enumerate(own_mask) if not mine]
         self.free = tuple(managed[i] for i in free_idx)
@@ -76,6 +90,22 @@ class _Plan:
         self.pick_restore = _picker(restore_idx)
         self.last_vals: tuple[bool, ...] | None = None
         self.last_record: dict[Any, bool] = {}
+
+    def fits(self, opts: Sequence[Any], pgs: list[Any], lists: list[Any], inner: Any) -> bool:
+        """Whether the layout is still the one this plan was built for (identity checks, C loops)."""
+        if (
+            self.inner_id != id(inner)
+            or self.opt_ids != tuple(map(id, opts))
+            or self.groups != tuple(map(len, pgs))
+            or self.sizes != tuple(map(len, lists))
+            or not all(map(is_, chain.from_iterable(lists), self.flat))
+        ):
+            return False
+        outside = self.outside
+        if outside is None:
+            return True
+        own = _params_of(inner)
+        return len(own) == len(outside) and all(map(is_, own, outside))
 
     def record(self, vals: tuple[bool, ...]) -> dict[Any, bool]:
         """Lightning's ``_param_requires_grad_state`` for ``vals``; a dict copy when unchanged.
@@ -147,35 +177,34 @@ def _param_name(module: Any, param: Any) -> str:
 
 
 def _plan_for(module: Any, state: _ModuleState, opts: Sequence[Any], optimizer: Any) -> _Plan:
-    """The cached plan for ``optimizer``, validated against the current layout, or a new one.
+    """The cached plan for ``optimizer``, checked against the current layout, or a new one.
 
-    The cache key is made of object *identities* (never ``==`` on tensors, which compares values);
-    ids are stable here because the plan holds every parameter it was built from.
+    Plans are cached by the id of the object passed (a ``LightningOptimizer`` and its torch
+    optimizer are toggled alike but are different objects to Lightning's untoggle). The layout
+    check compares objects by *identity* (never ``==`` on tensors, which compares values).
     """
     inner = _unwrap(optimizer)
     try:
-        per_opt = [_params_of(o) for o in opts]
-        own = _params_of(inner)
+        pgs = [o.param_groups for o in opts]
+        lists = [g["params"] for pg in pgs for g in pg]
     except Exception:
         _check_optimizer(optimizer)  # a clear TypeError for a non-optimizer, else the original error
         raise
-    key = (
-        tuple(map(id, opts)),
-        tuple(map(len, per_opt)),
-        tuple(map(id, chain.from_iterable(per_opt))),
-        tuple(map(id, own)),
-        id(optimizer),
-    )
-    plan = state.plans.get(id(inner))
-    if plan is not None and plan.key == key:
+    plan = state.plans.get(id(optimizer))
+    if plan is not None and plan.fits(opts, pgs, lists, inner):
         return plan
     _check_optimizer(optimizer)
+    per_opt = [tuple(chain.from_iterable([g["params"] for g in pg])) for pg in pgs]
+    flat = tuple(chain.from_iterable(per_opt))
     index: dict[int, int] = {}
     managed: list[Any] = []
-    for p in chain.from_iterable(per_opt):
+    for p in flat:
         if id(p) not in index:
             index[id(p)] = len(managed)
             managed.append(p)
+    # The toggled optimizer's parameters: a trainer optimizer's are part of the layout already.
+    positions = [k for k, o in enumerate(opts) if o is inner]
+    own = per_opt[positions[0]] if positions else _params_of(inner)
     strangers = [p for p in own if id(p) not in index]
     if strangers:
         raise ValueError(
@@ -190,16 +219,35 @@ def _plan_for(module: Any, state: _ModuleState, opts: Sequence[Any], optimizer: 
     for params, o in zip(per_opt, opts):
         if o is not optimizer and o is not inner:
             restored.update(id(p) for p in params)
+    layout = (
+        tuple(map(id, opts)),
+        tuple(map(len, pgs)),
+        tuple(map(len, lists)),
+        flat,
+        id(inner),
+    )
     plan = _Plan(
-        key,
+        layout,
+        None if positions else own,
         tuple(managed),
         tuple(id(p) in own_ids for p in managed),
         [i for i, p in enumerate(managed) if id(p) in restored],
     )
     if len(state.plans) > 64:  # optimizers come and go (e.g. re-created each fit); keep it bounded
         state.plans.clear()
-    state.plans[id(inner)] = plan
+    state.plans[id(optimizer)] = plan
     return plan
+
+
+def _lightning_untoggle(opts: Sequence[Any], optimizer: Any, record: Any) -> None:
+    """``LightningModule.untoggle_optimizer`` as Lightning writes it (its record is ``record``)."""
+    inner = _unwrap(optimizer)
+    for opt in opts:
+        if opt is not optimizer and opt is not inner:
+            for group in opt.param_groups:
+                for param in group["params"]:
+                    if param in record:
+                        param.requires_grad = record[param]
 
 
 class Toggle(Generic[_OptT]):
@@ -285,7 +333,8 @@ class Toggle(Generic[_OptT]):
     def _user_view(self, plan: _Plan, now: tuple[bool, ...]) -> tuple[bool, ...]:
         mine_plan = self._plan
         assert mine_plan is not None and self._vals is not None
-        if mine_plan.managed != plan.managed:  # the trainer's optimizers changed in between
+        mine, theirs = mine_plan.managed, plan.managed
+        if len(mine) != len(theirs) or not all(map(is_, mine, theirs)):  # the optimizers changed in between
             recorded = {id(p): v for p, v in zip(mine_plan.managed, self._vals)}
             live = {id(p) for p, m in zip(mine_plan.managed, mine_plan.own_mask) if m}
             return tuple(n if id(p) in live else recorded.get(id(p), n) for p, n in zip(plan.managed, now))
@@ -369,8 +418,21 @@ class Toggle(Generic[_OptT]):
                         p.requires_grad = was
                 module.__dict__["_param_requires_grad_state"] = self._prev_record
             else:
-                for p, was in zip(plan.restore, plan.pick_restore(self._vals)):
-                    p.requires_grad = was
+                # Lightning's untoggle. The plan knows it unless the optimizers' parameter lists were
+                # edited inside the block (or the record replaced): then it is done the long way.
+                opts = module.trainer.optimizers
+                record = module.__dict__.get("_param_requires_grad_state")
+                try:
+                    pgs = [o.param_groups for o in opts]
+                    lists = [g["params"] for pg in pgs for g in pg]
+                    same = record is self._record and plan.fits(opts, pgs, lists, _unwrap(self._optimizer))
+                except Exception:
+                    same = False
+                if same:
+                    for p, was in zip(plan.restore, plan.pick_restore(self._vals)):
+                        p.requires_grad = was
+                else:
+                    _lightning_untoggle(opts, self._optimizer, record)
                 module.__dict__["_param_requires_grad_state"] = {}
         finally:
             self._module = self._optimizer = self._plan = self._state = None

@@ -686,12 +686,28 @@ def user_world(module: Any, optimizers: Sequence[torch.optim.Optimizer],
     return world
 
 
+def flavour_of(module: Any) -> str:
+    """The Lightning flavour (``lightning.pytorch`` or ``pytorch_lightning``) whose ``LightningModule``
+    ``module`` is an instance of."""
+    for cls in type(module).__mro__:
+        if cls.__name__ == "LightningModule":
+            top = cls.__module__.split(".")[0]
+            if top == "lightning":
+                return "lightning.pytorch"
+            if top == "pytorch_lightning":
+                return "pytorch_lightning"
+    raise TypeError(f"{type(module).__qualname__} is not a LightningModule of lightning.pytorch or pytorch_lightning")
+
+
 def assert_program_equivalent(make_world: Callable[[], World], program: Sequence[object],
-                              flavour: str = "lightning.pytorch") -> None:
+                              flavour: str | None = None) -> None:
     """Run ``program`` on two fresh worlds from ``make_world``: the shim against the model at every
-    point, and (for flat programs) against Lightning's manual sequence, bitwise."""
+    point, and (for flat programs) against Lightning's manual sequence, bitwise. ``flavour``: the
+    Lightning whose methods are the manual sequence (default: the one the module subclasses)."""
     spec_nested = any(_nested_in_block(op, False) for op in program)
     shim_world = make_world()
+    if flavour is None:
+        flavour = flavour_of(shim_world.module)
     shim = run_program(shim_world, program, ShimDriver())
     check_calls(shim)
     if not spec_nested:

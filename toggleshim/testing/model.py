@@ -70,6 +70,8 @@ class Frame:
     user: dict[int, bool]  # the user's view this toggle was taken from (= Lightning's record when flat)
     entry: list[bool] = field(default_factory=list)  # requires_grad found on a nested toggle
     previous_record: dict[int, bool] | None = None
+    managed: list[int] = field(default_factory=list)  # the parameters the trainer's optimizers held then
+    live: set[int] = field(default_factory=set)  # the toggled optimizer's parameters then
     entered: bool = False
     closed: bool = False
 
@@ -97,20 +99,31 @@ class ToggleModel:
     def set_requires_grad(self, i: int, value: bool) -> None:
         self.rg[i] = value
 
+    def set_optimizers(self, optimizers: Optimizers) -> None:
+        """The user edits the optimizers' parameter lists (``add_param_group``, moving parameters).
+
+        Open toggles keep what they recorded; a flat exit is Lightning's untoggle over the new lists.
+        """
+        self.optimizers = [list(p) for p in optimizers]
+
     # -- toggling --------------------------------------------------------------------------
 
     def toggle(self, k: int) -> Frame:
         """``toggle_optimizer(k)``, statement or block: the toggle happens at the call."""
+        managed, live = self.managed, set(self.optimizers[k])
         if not self.stack:  # flat: exactly Lightning
             record = lightning_toggle(self.rg, self.optimizers, k)
-            frame = Frame(k, nested=False, user=dict(record), previous_record=self.record)
+            frame = Frame(k, nested=False, user=dict(record), previous_record=self.record, managed=managed, live=live)
             self.record = record
             return frame
+        # Nested: the user's view. A parameter the enclosing toggle left live shows its current value;
+        # one it froze shows what it recorded (a parameter the optimizers took on since: its current value).
         outer = self.stack[-1]
-        live = set(self.optimizers[outer.k])
-        user = {i: (self.rg[i] if i in live else outer.user[i]) for i in self.managed}
-        frame = Frame(k, nested=True, user=user, entry=list(self.rg), previous_record=self.record)
-        for i in self.managed:
+        user = {i: (self.rg[i] if i in outer.live else outer.user.get(i, self.rg[i])) for i in managed}
+        frame = Frame(
+            k, nested=True, user=user, entry=list(self.rg), previous_record=self.record, managed=managed, live=live
+        )
+        for i in managed:
             self.rg[i] = False
         for i in self.optimizers[k]:
             self.rg[i] = user[i]
@@ -152,10 +165,12 @@ class ToggleModel:
             return
         frame.closed = True
         if frame.nested:
-            for i in self.managed:  # parameters in no optimizer are never the toggle's business
+            # The parameters it toggled (those the optimizers held at the toggle; parameters in no
+            # optimizer are never the toggle's business) get the values found on entry.
+            for i in frame.managed:
                 self.rg[i] = frame.entry[i]
             self.record = frame.previous_record
-        else:
+        else:  # Lightning's untoggle, on the optimizers as they are now
             lightning_untoggle(self.rg, frame.user, self.optimizers, frame.k)
             self.record = {}
 

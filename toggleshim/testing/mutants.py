@@ -124,9 +124,9 @@ SHIM: dict[str, tuple[str, str]] = {
         "        self._close(self._state)",
     ),
     "flat exit restores nothing": (
-        "                for p, was in zip(plan.restore, plan.pick_restore(self._vals)):\n"
-        "                    p.requires_grad = was",
-        "                pass",
+        "                    for p, was in zip(plan.restore, plan.pick_restore(self._vals)):\n"
+        "                        p.requires_grad = was",
+        "                    pass",
     ),
     "flat exit leaves the record": (
         '                module.__dict__["_param_requires_grad_state"] = {}',
@@ -162,6 +162,22 @@ SHIM: dict[str, tuple[str, str]] = {
         "        if o is not optimizer and o is not inner:\n            restored.update(id(p) for p in params)",
         "        if o is not optimizer and o is not inner:\n"
         "            restored.update(id(p) for p in params if id(p) not in own_ids)",
+    ),
+    "cached plan ignores in-place parameter edits": (
+        "            or not all(map(is_, chain.from_iterable(lists), self.flat))\n",
+        "",
+    ),
+    "cached plan ignores group sizes": (
+        "            or self.sizes != tuple(map(len, lists))\n",
+        "",
+    ),
+    "flat exit ignores edits made inside the block": (
+        "                    same = record is self._record and plan.fits(",
+        "                    same = True or plan.fits(",
+    ),
+    "nested view compares parameters by value": (
+        "        if len(mine) != len(theirs) or not all(map(is_, mine, theirs)):",
+        "        if mine != theirs:",
     ),
     "statement untoggle inside a block ignored": (
         "    if top._optimizer is optimizer or _unwrap(top._optimizer) is _unwrap(optimizer):\n        return top",
