@@ -44,20 +44,31 @@ def _picker(indices: Sequence[int]) -> Callable[[tuple[bool, ...]], tuple[bool, 
     return itemgetter(*indices)
 
 
+_SEP = object()  # ends each optimizer's parameters in a layout
+
+
+def _layout(opts: Sequence[Any]) -> list[Any]:
+    """Every parameter of ``opts`` in Lightning's iteration order, each optimizer's followed by ``_SEP``."""
+    seq: list[Any] = []
+    for opt in opts:
+        for group in opt.param_groups:
+            seq += group["params"]
+        seq.append(_SEP)
+    return seq
+
+
 class _Plan:
     """Everything about toggling one optimizer that depends only on *which* parameters are where.
 
     Built once per (module, optimizer, parameter layout) and reused while the layout is unchanged,
     so the hot path is a handful of C-level passes instead of Lightning's tensor-keyed dict work.
-    The layout is ``trainer.optimizers`` (by identity), their group counts, the length of every
-    group's ``params`` list and every parameter in them, by identity (``flat``, held: no parameter
-    in it can die and have its id reused while the plan exists).
+    The layout is ``trainer.optimizers`` (by identity) and every parameter each one holds, by
+    identity, in order (``seq``, held: no parameter in it can die and have its id reused while the
+    plan exists). How parameters are split into groups does not matter to toggling.
     """
 
     __slots__ = (
-        "flat",
         "free",
-        "groups",
         "inner_id",
         "last_record",
         "last_vals",
@@ -68,18 +79,22 @@ class _Plan:
         "pick_free",
         "pick_restore",
         "restore",
-        "sizes",
+        "seq",
     )
 
     def __init__(
         self,
-        layout: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[Any, ...], int],
+        seq: tuple[Any, ...],
+        opt_ids: tuple[int, ...],
+        inner_id: int,
         outside: tuple[Any, ...] | None,
         managed: tuple[Any, ...],
         own_mask: tuple[bool, ...],
         restore_idx: list[int],
     ) -> None:
-        self.opt_ids, self.groups, self.sizes, self.flat, self.inner_id = layout
+        self.seq = seq
+        self.opt_ids = opt_ids
+        self.inner_id = inner_id
         self.outside = outside  # the toggled optimizer's parameters when it is not a trainer optimizer
         self.managed = managed
         self.own_mask = own_mask
@@ -91,14 +106,13 @@ class _Plan:
         self.last_vals: tuple[bool, ...] | None = None
         self.last_record: dict[Any, bool] = {}
 
-    def fits(self, opts: Sequence[Any], pgs: list[Any], lists: list[Any], inner: Any) -> bool:
-        """Whether the layout is still the one this plan was built for (identity checks, C loops)."""
+    def fits(self, seq: list[Any], opts: Sequence[Any], inner: Any) -> bool:
+        """Whether ``seq`` (``_layout(opts)``) is still the layout this plan was built for."""
         if (
-            self.inner_id != id(inner)
+            len(seq) != len(self.seq)
+            or self.inner_id != id(inner)
             or self.opt_ids != tuple(map(id, opts))
-            or self.groups != tuple(map(len, pgs))
-            or self.sizes != tuple(map(len, lists))
-            or not all(map(is_, chain.from_iterable(lists), self.flat))
+            or not all(map(is_, seq, self.seq))
         ):
             return False
         outside = self.outside
@@ -176,29 +190,31 @@ def _param_name(module: Any, param: Any) -> str:
     return f"an unnamed parameter of shape {tuple(param.shape)} (not a parameter of {type(module).__name__})"
 
 
-def _plan_for(module: Any, state: _ModuleState, opts: Sequence[Any], optimizer: Any) -> _Plan:
-    """The cached plan for ``optimizer``, checked against the current layout, or a new one.
+def _plan_for(module: Any, state: _ModuleState, opts: Sequence[Any], optimizer: Any, inner: Any) -> _Plan:
+    """The cached plan for ``optimizer`` (``inner``: the torch optimizer in it), or a new one.
 
     Plans are cached by the id of the object passed (a ``LightningOptimizer`` and its torch
     optimizer are toggled alike but are different objects to Lightning's untoggle). The layout
     check compares objects by *identity* (never ``==`` on tensors, which compares values).
     """
-    inner = _unwrap(optimizer)
     try:
-        pgs = [o.param_groups for o in opts]
-        lists = [g["params"] for pg in pgs for g in pg]
+        seq = _layout(opts)
     except Exception:
         _check_optimizer(optimizer)  # a clear TypeError for a non-optimizer, else the original error
         raise
     plan = state.plans.get(id(optimizer))
-    if plan is not None and plan.fits(opts, pgs, lists, inner):
+    if plan is not None and plan.fits(seq, opts, inner):
         return plan
     _check_optimizer(optimizer)
-    per_opt = [tuple(chain.from_iterable([g["params"] for g in pg])) for pg in pgs]
-    flat = tuple(chain.from_iterable(per_opt))
+    per_opt: list[tuple[Any, ...]] = []
+    start = 0
+    for end, item in enumerate(seq):
+        if item is _SEP:
+            per_opt.append(tuple(seq[start:end]))
+            start = end + 1
     index: dict[int, int] = {}
     managed: list[Any] = []
-    for p in flat:
+    for p in chain.from_iterable(per_opt):
         if id(p) not in index:
             index[id(p)] = len(managed)
             managed.append(p)
@@ -219,15 +235,10 @@ def _plan_for(module: Any, state: _ModuleState, opts: Sequence[Any], optimizer: 
     for params, o in zip(per_opt, opts):
         if o is not optimizer and o is not inner:
             restored.update(id(p) for p in params)
-    layout = (
-        tuple(map(id, opts)),
-        tuple(map(len, pgs)),
-        tuple(map(len, lists)),
-        flat,
-        id(inner),
-    )
     plan = _Plan(
-        layout,
+        tuple(seq),
+        tuple(map(id, opts)),
+        id(inner),
         None if positions else own,
         tuple(managed),
         tuple(id(p) in own_ids for p in managed),
@@ -268,6 +279,7 @@ class Toggle(Generic[_OptT]):
         "_done",
         "_entered",
         "_entry",
+        "_inner",
         "_module",
         "_nested",
         "_optimizer",
@@ -288,11 +300,13 @@ class Toggle(Generic[_OptT]):
             _check_flags(zero_grad=zero_grad, step=step, sync_grad=sync_grad)
         trainer = module.trainer  # Lightning's own RuntimeError when not attached to a Trainer
         state = _state(module)
-        plan = _plan_for(module, state, trainer.optimizers, optimizer)  # validates; raises before any change
+        inner = _unwrap(optimizer)
+        plan = _plan_for(module, state, trainer.optimizers, optimizer, inner)  # validates; raises before any change
         # -- validated: from here on we change things --
         self._module: Any = module
         self._state: _ModuleState | None = state
         self._optimizer: _OptT | None = optimizer
+        self._inner: Any = inner
         self._zero_grad = bool(zero_grad)
         self._step = bool(step)
         # Without gradient sync (DDP micro-batches) the block runs inside the strategy's no_sync,
@@ -423,9 +437,7 @@ class Toggle(Generic[_OptT]):
                 opts = module.trainer.optimizers
                 record = module.__dict__.get("_param_requires_grad_state")
                 try:
-                    pgs = [o.param_groups for o in opts]
-                    lists = [g["params"] for pg in pgs for g in pg]
-                    same = record is self._record and plan.fits(opts, pgs, lists, _unwrap(self._optimizer))
+                    same = record is self._record and plan.fits(_layout(opts), opts, self._inner)
                 except Exception:
                     same = False
                 if same:
@@ -435,7 +447,7 @@ class Toggle(Generic[_OptT]):
                     _lightning_untoggle(opts, self._optimizer, record)
                 module.__dict__["_param_requires_grad_state"] = {}
         finally:
-            self._module = self._optimizer = self._plan = self._state = None
+            self._module = self._optimizer = self._inner = self._plan = self._state = None
             self._vals = self._entry = self._record = self._prev_record = None
 
     def _untoggle_statement(self) -> None:

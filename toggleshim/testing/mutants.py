@@ -164,12 +164,12 @@ SHIM: dict[str, tuple[str, str]] = {
         "            restored.update(id(p) for p in params if id(p) not in own_ids)",
     ),
     "cached plan ignores in-place parameter edits": (
-        "            or not all(map(is_, chain.from_iterable(lists), self.flat))\n",
+        "            or not all(map(is_, seq, self.seq))\n",
         "",
     ),
-    "cached plan ignores group sizes": (
-        "            or self.sizes != tuple(map(len, lists))\n",
-        "",
+    "cached plan compares only the parameters it knows": (
+        "            len(seq) != len(self.seq)\n            or ",
+        "            ",
     ),
     "flat exit ignores edits made inside the block": (
         "                    same = record is self._record and plan.fits(",
