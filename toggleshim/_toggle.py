@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from itertools import chain, compress
+from itertools import chain
 from operator import attrgetter, is_, itemgetter
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar
@@ -76,7 +76,6 @@ class _Plan:
         "opt_ids",
         "outside",
         "own_mask",
-        "pick_free",
         "pick_restore",
         "restore",
         "seq",
@@ -100,7 +99,6 @@ class _Plan:
         self.own_mask = own_mask
         free_idx = [i for i, mine in enumerate(own_mask) if not mine]
         self.free = tuple(managed[i] for i in free_idx)
-        self.pick_free = _picker(free_idx)
         self.restore = tuple(managed[i] for i in restore_idx)
         self.pick_restore = _picker(restore_idx)
         self.last_vals: tuple[bool, ...] | None = None
@@ -322,7 +320,7 @@ class Toggle(Generic[_OptT]):
             self._nested = False
             self._entry: tuple[bool, ...] | None = None
             user = vals
-            for p in compress(plan.free, plan.pick_free(vals)):
+            for p in plan.free:  # as Lightning: every managed parameter but the toggled ones, frozen
                 p.requires_grad = False
             record = plan.record(vals)
         else:
@@ -404,7 +402,10 @@ class Toggle(Generic[_OptT]):
         stack = state.stack
         sync, self._sync = self._sync, None
         try:
-            if self in stack:
+            if stack and stack[-1] is self:  # the innermost toggle: the usual case
+                stack.pop()
+                self._undo()
+            elif self in stack:
                 while stack:
                     top = stack.pop()
                     top._undo()

@@ -147,7 +147,8 @@ SHIM: dict[str, tuple[str, str]] = {
         "                pass",
     ),
     "toggle only on entry (statement form does nothing)": (
-        "            for p in compress(plan.free, plan.pick_free(vals)):\n                p.requires_grad = False",
+        "            for p in plan.free:  # as Lightning: every managed parameter but the toggled ones, frozen\n"
+        "                p.requires_grad = False",
         "            pass",
     ),
     "toggle reuses a stale record": (
