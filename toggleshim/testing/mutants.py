@@ -168,10 +168,6 @@ SHIM: dict[str, tuple[str, str]] = {
         "            or not all(map(is_, seq, self.seq))\n",
         "",
     ),
-    "cached plan compares only the parameters it knows": (
-        "            len(seq) != len(self.seq)\n            or ",
-        "            ",
-    ),
     "flat exit ignores edits made inside the block": (
         "                    same = record is self._record and plan.fits(",
         "                    same = True or plan.fits(",
