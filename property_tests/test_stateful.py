@@ -50,6 +50,10 @@ class ToggleMachine(RuleBasedStateMachine):
     def k(self, data: st.DataObject) -> int:
         return data.draw(st.integers(0, len(self.world.opts) - 1), label="optimizer")
 
+    def torch_optimizers(self) -> list[Any]:
+        """The torch optimizers behind ``world.opts`` (whose parameter lists the edits change)."""
+        return [getattr(o, "_optimizer", o) for o in self.world.opts]
+
     def pending_statement(self) -> bool:
         return bool(self.model.record) and not self.model.stack
 
@@ -142,7 +146,7 @@ class ToggleMachine(RuleBasedStateMachine):
 
         A toggle caches what it learnt about the layout; after an edit it must see the new one.
         """
-        opts = [getattr(o, "_optimizer", o) for o in self.world.opts]
+        opts = self.torch_optimizers()
         k = self.k(data)
         lists = [g["params"] for g in opts[k].param_groups]
         param = self.world.params[data.draw(st.integers(0, len(self.world.params) - 1), label="parameter")]
@@ -171,7 +175,7 @@ class ToggleMachine(RuleBasedStateMachine):
         """The edit that matters most inside a block: a parameter the toggle froze leaves another
         optimizer (dropped, or moved into the block's optimizer). The block's exit must be Lightning's
         untoggle over the edited lists (which leaves it frozen), not over the lists it toggled."""
-        opts = [getattr(o, "_optimizer", o) for o in self.world.opts]
+        opts = self.torch_optimizers()
         top = self.blocks[-1].k
         others = [j for j, o in enumerate(opts) if j != top and _params(o)]
         if not others:

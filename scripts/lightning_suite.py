@@ -58,6 +58,7 @@ Exit status: 0 all checks passed, 1 a check failed, 2 usage or staging error.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -309,30 +310,14 @@ def run_mode(root: Path, flavour: str, mode: str, files: list[str], opts: argpar
     xdist = ["-n", str(opts.workers)] if opts.workers > 0 else []
     log = work / f"{flavour}-{mode}.log"
     start = time.monotonic()
-    _run_pytest(
-        [*base, *xdist, *files, "--deselect", f"tests/{standalone}"],
-        python=opts.python,
-        cwd=tests_dir,
-        env=env,
-        out=work / f"{flavour}-{mode}-main",
-        timeout=opts.timeout,
-        log=log,
-        verbose=opts.verbose,
-        run=run,
-    )
+    pytest = functools.partial(
+        _run_pytest, python=opts.python, cwd=tests_dir, env=env, timeout=opts.timeout, log=log,
+        verbose=opts.verbose, run=run,
+    )  # fmt: skip
+    pytest([*base, *xdist, *files, "--deselect", f"tests/{standalone}"], out=work / f"{flavour}-{mode}-main")
     if has_standalone:
         # DDP with the `ddp` launcher re-runs this very command for rank 1: keep it alone, no xdist.
-        _run_pytest(
-            [*base, standalone],
-            python=opts.python,
-            cwd=tests_dir,
-            env=env,
-            out=work / f"{flavour}-{mode}-ddp",
-            timeout=opts.timeout,
-            log=log,
-            verbose=opts.verbose,
-            run=run,
-        )
+        pytest([*base, standalone], out=work / f"{flavour}-{mode}-ddp")
     run.seconds = time.monotonic() - start
     return run
 

@@ -248,9 +248,9 @@ def _plan_for(module: Any, state: _ModuleState, opts: Sequence[Any], optimizer: 
     return plan
 
 
-def _lightning_untoggle(opts: Sequence[Any], optimizer: Any, record: Any) -> None:
-    """``LightningModule.untoggle_optimizer`` as Lightning writes it (its record is ``record``)."""
-    inner = _unwrap(optimizer)
+def _lightning_untoggle(opts: Sequence[Any], optimizer: Any, inner: Any, record: Any) -> None:
+    """``LightningModule.untoggle_optimizer`` as Lightning writes it (``inner``: the torch optimizer in
+    ``optimizer``; its record is ``record``)."""
     for opt in opts:
         if opt is not optimizer and opt is not inner:
             for group in opt.param_groups:
@@ -445,7 +445,7 @@ class Toggle(Generic[_OptT]):
                     for p, was in zip(plan.restore, plan.pick_restore(self._vals)):
                         p.requires_grad = was
                 else:
-                    _lightning_untoggle(opts, self._optimizer, record)
+                    _lightning_untoggle(opts, self._optimizer, self._inner, record)
                 module.__dict__["_param_requires_grad_state"] = {}
         finally:
             self._module = self._optimizer = self._inner = self._plan = self._state = None
