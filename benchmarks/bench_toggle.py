@@ -73,7 +73,6 @@ its numbers into the JSON report under its own name. Add new sections the same w
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 import cProfile
 import gc
 import io
@@ -89,6 +88,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch

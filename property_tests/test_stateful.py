@@ -204,6 +204,35 @@ class ToggleMachine(RuleBasedStateMachine):
             self.ever_frozen |= moved | {i for i, p in enumerate(self.world.params) if not p.requires_grad}
             self.user_changed_inside = True
 
+    @precondition(lambda self: bool(self.model.record))
+    @rule(data=st.data(), how=st.sampled_from(["flip", "delete", "replace a key"]))
+    def edit_the_record(self, data: st.DataObject, how: str) -> None:
+        """Edit ``_param_requires_grad_state`` in place, inside a block or before a statement untoggle:
+        Lightning's untoggle restores what the record holds at the untoggle, and so must a block's exit.
+
+        The edited entry is preferably one the untoggle restores (a parameter of another optimizer).
+        """
+        record = self.world.module.__dict__["_param_requires_grad_state"]
+        index = {id(p): i for i, p in enumerate(self.world.params)}
+        top = self.model.stack[-1].k if self.model.stack else self.flat_statement
+        restored = {i for j, params in enumerate(self.world.optimizers_spec) if j != top for i in params}
+        keys = list(record)
+        param = data.draw(st.sampled_from([p for p in keys if index[id(p)] in restored] or keys), label="entry")
+        i = index[id(param)]
+        self.ever_frozen.add(i)  # the untoggle may now leave it frozen, exactly as Lightning's would
+        if how == "flip":
+            record[param] = not record[param]
+            self.model.edit_record(i, record[param])
+            return
+        del record[param]
+        self.model.edit_record(i, None)
+        absent = [p for p in self.world.params if p is not param and not any(p is q for q in record)]
+        if how == "replace a key" and absent:  # same length, other keys: only identity tells
+            other = data.draw(st.sampled_from(absent), label="new entry")
+            record[other] = False
+            self.model.edit_record(index[id(other)], False)
+            self.ever_frozen.add(index[id(other)])
+
     @rule(data=st.data())
     def backward(self, data: st.DataObject) -> None:
         terms = data.draw(st.lists(st.integers(0, len(self.world.terms) - 1), max_size=3, unique=True))

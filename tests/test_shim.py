@@ -425,6 +425,40 @@ def test_cached_plan_follows_in_place_layout_edits(flavour: str, edit: str, wrap
         assert state(shim) == state(ref), (edit, k)
 
 
+RECORD_EDITS: dict[str, Any] = {  # (record, a parameter of optimizer 1, one of optimizer 2) -> None
+    "unfreeze one": lambda r, p, q: r.__setitem__(p, True),
+    "freeze one": lambda r, p, q: r.__setitem__(p, False),
+    "delete one": lambda r, p, q: r.pop(p),
+    "delete one, add another": lambda r, p, q: (r.pop(p), r.__setitem__(q, False)),
+    "delete one and put it back": lambda r, p, q: r.__setitem__(p, r.pop(p)),
+    "clear": lambda r, p, q: r.clear(),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(RECORD_EDITS))
+def test_block_exit_reads_the_record_as_lightning_untoggle_does(flavour: str, edit: str) -> None:
+    """Lightning's untoggle restores what ``_param_requires_grad_state`` holds *at the untoggle*; a flat
+    block's exit must honour in-place edits of that dict made inside the block, as a manual untoggle does."""
+    shim, ref = three_heads(flavour, n_opt=3, frozen=True), three_heads(flavour, n_opt=3, frozen=True)
+    for m in (shim, ref):
+        m.b.weight.requires_grad_(False)  # a user-frozen parameter in the record: "unfreeze one" matters
+    for k in (0, 0, 1):  # a cached plan first (its fast exit is the path under test)
+        with shim.toggle_optimizer(shim.opts[k], step=False, zero_grad=False) as opt:
+            lightning_toggle(flavour, ref, ref.opts[k])
+            for m in (shim, ref):
+                first = [p for g in m.opts[1 + k % 2].param_groups for p in g["params"]]
+                last = [p for g in m.opts[2 - k % 2].param_groups for p in g["params"]]
+                RECORD_EDITS[edit](m._param_requires_grad_state, first[0], last[-1])
+            assert opt is shim.opts[k]
+        lightning_untoggle(flavour, ref, ref.opts[k])
+        assert state(shim) == state(ref), (edit, k)
+        assert shim._param_requires_grad_state == {} == ref._param_requires_grad_state
+        for m in (shim, ref):
+            for p in m.parameters():
+                p.requires_grad_(True)
+            m.b.weight.requires_grad_(False)
+
+
 def test_cached_plan_is_not_fooled_by_a_reused_id(flavour: str) -> None:
     """Fresh LightningOptimizer wrappers die after each toggle and CPython reuses their ids: a plan
     cached for a dead wrapper must not be taken for the new wrapper of another optimizer."""

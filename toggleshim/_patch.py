@@ -74,6 +74,7 @@ def _flavours() -> list[_Flavour]:
     for flavour in found:
         if flavour.optimizer_cls not in _toggle._LIGHTNING_OPTIMIZERS:
             _toggle._LIGHTNING_OPTIMIZERS.append(flavour.optimizer_cls)
+            _toggle._IS_WRAPPER.clear()
     return found
 
 

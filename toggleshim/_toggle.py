@@ -44,16 +44,22 @@ def _picker(indices: Sequence[int]) -> Callable[[tuple[bool, ...]], tuple[bool, 
     return itemgetter(*indices)
 
 
-_SEP = object()  # ends each optimizer's parameters in a layout
+_ref = weakref.ref
 
 
 def _layout(opts: Sequence[Any]) -> list[Any]:
-    """Every parameter of ``opts`` in Lightning's iteration order, each optimizer's followed by ``_SEP``."""
+    """Every parameter of ``opts`` in Lightning's iteration order, each optimizer's followed by a token
+    of that optimizer: its weak reference (the same object while the optimizer lives and a plan holds
+    it; a token never keeps an optimizer, or its state, alive), or the optimizer itself when it cannot
+    be weakly referenced. Two layouts are the same iff they are identical item by item."""
     seq: list[Any] = []
     for opt in opts:
         for group in opt.param_groups:
             seq += group["params"]
-        seq.append(_SEP)
+        try:
+            seq.append(_ref(opt))
+        except TypeError:
+            seq.append(opt)
     return seq
 
 
@@ -62,9 +68,9 @@ class _Plan:
 
     Built once per (module, optimizer, parameter layout) and reused while the layout is unchanged,
     so the hot path is a handful of C-level passes instead of Lightning's tensor-keyed dict work.
-    The layout is ``trainer.optimizers`` (by identity) and every parameter each one holds, by
-    identity, in order (``seq``, held: no parameter in it can die and have its id reused while the
-    plan exists). How parameters are split into groups does not matter to toggling.
+    The layout is ``trainer.optimizers`` and every parameter each one holds, by identity, in order
+    (``seq``, see ``_layout``; held: no parameter in it can die and have its id reused while the plan
+    exists). How parameters are split into groups does not matter to toggling.
     """
 
     __slots__ = (
@@ -73,7 +79,6 @@ class _Plan:
         "last_record",
         "last_vals",
         "managed",
-        "opt_ids",
         "outside",
         "own_mask",
         "pick_restore",
@@ -84,7 +89,6 @@ class _Plan:
     def __init__(
         self,
         seq: tuple[Any, ...],
-        opt_ids: tuple[int, ...],
         inner_id: int,
         outside: tuple[Any, ...] | None,
         managed: tuple[Any, ...],
@@ -92,7 +96,6 @@ class _Plan:
         restore_idx: list[int],
     ) -> None:
         self.seq = seq
-        self.opt_ids = opt_ids
         self.inner_id = inner_id
         self.outside = outside  # the toggled optimizer's parameters when it is not a trainer optimizer
         self.managed = managed
@@ -104,12 +107,11 @@ class _Plan:
         self.last_vals: tuple[bool, ...] | None = None
         self.last_record: dict[Any, bool] = {}
 
-    def fits(self, seq: list[Any], opts: Sequence[Any], inner: Any) -> bool:
+    def fits(self, seq: list[Any], inner: Any) -> bool:
         """Whether ``seq`` (``_layout(opts)``) is still the layout this plan was built for."""
         if (
             len(seq) != len(self.seq)
             or self.inner_id != id(inner)
-            or self.opt_ids != tuple(map(id, opts))
             or not all(map(is_, seq, self.seq))
         ):
             return False
@@ -118,6 +120,10 @@ class _Plan:
             return True
         own = _params_of(inner)
         return len(own) == len(outside) and all(map(is_, own, outside))
+
+    def keys_of(self, record: dict[Any, bool]) -> bool:
+        """Whether ``record``'s keys are this plan's managed parameters, in order (values may differ)."""
+        return len(record) == len(self.managed) and all(map(is_, record, self.managed))
 
     def record(self, vals: tuple[bool, ...]) -> dict[Any, bool]:
         """Lightning's ``_param_requires_grad_state`` for ``vals``; a dict copy when unchanged.
@@ -134,29 +140,50 @@ class _Plan:
 class _ModuleState:
     """Per-module bookkeeping: cached plans and the stack of open (or nested statement) toggles."""
 
-    __slots__ = ("__weakref__", "plans", "stack")
+    __slots__ = ("module", "plans", "stack")
 
-    def __init__(self) -> None:
+    def __init__(self, module: weakref.ref[Any]) -> None:
+        self.module = module  # a weak reference: a module's state never keeps it alive
         self.plans: dict[int, _Plan] = {}
         self.stack: list[Toggle[Any]] = []
 
 
-_STATES: weakref.WeakKeyDictionary[Any, _ModuleState] = weakref.WeakKeyDictionary()
+# Keyed by id(module), which stays valid while the module lives: its weak reference's callback drops
+# the entry when it dies, and every lookup checks the reference (a dict get, no weakref created:
+# a WeakKeyDictionary lookup costs ~10x more, on every toggle).
+_STATES: dict[int, _ModuleState] = {}
+
+
+def _forget(ref: weakref.ref[Any], key: int) -> None:
+    state = _STATES.get(key)
+    if state is not None and state.module is ref:
+        del _STATES[key]
 
 
 def _state(module: Any) -> _ModuleState:
-    state = _STATES.get(module)
-    if state is None:
-        state = _STATES[module] = _ModuleState()
+    key = id(module)
+    state = _STATES.get(key)
+    if state is None or state.module() is not module:
+        state = _STATES[key] = _ModuleState(weakref.ref(module, lambda ref: _forget(ref, key)))
     return state
+
+
+def _state_if_any(module: Any) -> _ModuleState | None:
+    state = _STATES.get(id(module))
+    return state if state is not None and state.module() is module else None
+
+
+# class -> whether it is a LightningOptimizer (of either flavour); cleared when _patch registers one.
+_IS_WRAPPER: dict[type, bool] = {}
 
 
 def _unwrap(optimizer: Any) -> Any:
     """The torch optimizer behind a ``LightningOptimizer`` (of either flavour), else itself."""
-    for cls in _LIGHTNING_OPTIMIZERS:
-        if isinstance(optimizer, cls):
-            return optimizer._optimizer  # type: ignore[attr-defined]
-    return optimizer
+    cls = optimizer.__class__
+    wrapped = _IS_WRAPPER.get(cls)
+    if wrapped is None:
+        wrapped = _IS_WRAPPER[cls] = any(issubclass(cls, known) for known in _LIGHTNING_OPTIMIZERS)
+    return optimizer._optimizer if wrapped else optimizer
 
 
 def _params_of(optimizer: Any) -> tuple[Any, ...]:
@@ -201,15 +228,10 @@ def _plan_for(module: Any, state: _ModuleState, opts: Sequence[Any], optimizer: 
         _check_optimizer(optimizer)  # a clear TypeError for a non-optimizer, else the original error
         raise
     plan = state.plans.get(id(optimizer))
-    if plan is not None and plan.fits(seq, opts, inner):
+    if plan is not None and plan.fits(seq, inner):
         return plan
     _check_optimizer(optimizer)
-    per_opt: list[tuple[Any, ...]] = []
-    start = 0
-    for end, item in enumerate(seq):
-        if item is _SEP:
-            per_opt.append(tuple(seq[start:end]))
-            start = end + 1
+    per_opt = [_params_of(opt) for opt in opts]
     index: dict[int, int] = {}
     managed: list[Any] = []
     for p in chain.from_iterable(per_opt):
@@ -235,7 +257,6 @@ def _plan_for(module: Any, state: _ModuleState, opts: Sequence[Any], optimizer: 
             restored.update(id(p) for p in params)
     plan = _Plan(
         tuple(seq),
-        tuple(map(id, opts)),
         id(inner),
         None if positions else own,
         tuple(managed),
@@ -297,7 +318,9 @@ class Toggle(Generic[_OptT]):
         if zero_grad.__class__ is not bool or step.__class__ is not bool or sync_grad.__class__ is not bool:
             _check_flags(zero_grad=zero_grad, step=step, sync_grad=sync_grad)
         trainer = module.trainer  # Lightning's own RuntimeError when not attached to a Trainer
-        state = _state(module)
+        state = _STATES.get(id(module))
+        if state is None or state.module() is not module:
+            state = _state(module)
         inner = _unwrap(optimizer)
         plan = _plan_for(module, state, trainer.optimizers, optimizer, inner)  # validates; raises before any change
         # -- validated: from here on we change things --
@@ -433,16 +456,18 @@ class Toggle(Generic[_OptT]):
                         p.requires_grad = was
                 module.__dict__["_param_requires_grad_state"] = self._prev_record
             else:
-                # Lightning's untoggle. The plan knows it unless the optimizers' parameter lists were
-                # edited inside the block (or the record replaced): then it is done the long way.
+                # Lightning's untoggle: the other optimizers' parameters get the value the record
+                # holds for them *now* (the user may have edited it). The plan knows which parameters
+                # and where their values sit in the record, unless the optimizers' parameter lists or
+                # the record's keys were changed inside the block: then it is done the long way.
                 opts = module.trainer.optimizers
                 record = module.__dict__.get("_param_requires_grad_state")
                 try:
-                    same = record is self._record and plan.fits(_layout(opts), opts, self._inner)
+                    same = record is self._record and plan.fits(_layout(opts), self._inner)
                 except Exception:
                     same = False
-                if same:
-                    for p, was in zip(plan.restore, plan.pick_restore(self._vals)):
+                if same and plan.keys_of(record):
+                    for p, was in zip(plan.restore, plan.pick_restore(tuple(record.values()))):
                         p.requires_grad = was
                 else:
                     _lightning_untoggle(opts, self._optimizer, self._inner, record)
@@ -476,8 +501,8 @@ def toggle(
 
 def _open_statement_toggle(module: Any, optimizer: Any) -> Toggle[Any] | None:
     """The nested statement toggle that ``untoggle_optimizer(optimizer)`` should close, if any."""
-    state = _STATES.get(module)
-    if not state or not state.stack:
+    state = _state_if_any(module)
+    if state is None or not state.stack:
         return None
     top = state.stack[-1]
     if top._entered or top._optimizer is None:

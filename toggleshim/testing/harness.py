@@ -24,6 +24,7 @@ from toggleshim.testing import model as _model
 from toggleshim.testing.specs import (
     Backward,
     Block,
+    EditRecord,
     GraphSpec,
     OptimizerSpec,
     Raise,
@@ -384,6 +385,8 @@ class _Runner:
             w.params[op.param].requires_grad_(op.value)
             m.set_requires_grad(op.param, op.value)
             self.point("set")
+        elif isinstance(op, EditRecord):
+            self.edit_record(op)
         elif isinstance(op, Backward):
             loss = sum((w.terms[t]() for t in op.terms), torch.zeros(()))
             if hasattr(w.module, "_trainer") and not isinstance(w.module._trainer, SimpleNamespace):
@@ -403,6 +406,24 @@ class _Runner:
             self.statement(op)
         else:  # pragma: no cover - specs are closed
             raise TypeError(op)
+
+    def edit_record(self, op: EditRecord) -> None:
+        w, m = self.world, self.model
+        record = w.module.__dict__.get("_param_requires_grad_state")
+        if record:
+            index = {id(p): i for i, p in enumerate(w.params)}
+            param = list(record)[op.entry % len(record)]
+            if op.how == "flip":
+                record[param] = not record[param]
+                m.edit_record(index[id(param)], record[param])
+            else:
+                del record[param]
+                m.edit_record(index[id(param)], None)
+                absent = [p for p in w.params if p is not param and not any(p is q for q in record)]
+                if op.how == "replace" and absent:
+                    record[absent[0]] = False
+                    m.edit_record(index[id(absent[0])], False)
+        self.point("record")
 
     def body(self, ops: Sequence[object], label: str) -> None:
         saved = self.path

@@ -106,6 +106,17 @@ class ToggleModel:
         """
         self.optimizers = [list(p) for p in optimizers]
 
+    def edit_record(self, i: int, value: bool | None) -> None:
+        """The user edits ``_param_requires_grad_state`` in place: ``record[i] = value`` (``None``: delete).
+
+        Lightning's untoggle (a flat block's exit included) restores what the record holds then.
+        """
+        assert self.record is not None
+        if value is None:
+            self.record.pop(i, None)
+        else:
+            self.record[i] = value
+
     # -- toggling --------------------------------------------------------------------------
 
     def toggle(self, k: int) -> Frame:
@@ -170,8 +181,8 @@ class ToggleModel:
             for i in frame.managed:
                 self.rg[i] = frame.entry[i]
             self.record = frame.previous_record
-        else:  # Lightning's untoggle, on the optimizers as they are now
-            lightning_untoggle(self.rg, frame.user, self.optimizers, frame.k)
+        else:  # Lightning's untoggle, on the optimizers and the record as they are now
+            lightning_untoggle(self.rg, self.record or {}, self.optimizers, frame.k)
             self.record = {}
 
     # -- what the invariants talk about ----------------------------------------------------

@@ -124,7 +124,7 @@ SHIM: dict[str, tuple[str, str]] = {
         "        self._close(self._state)",
     ),
     "flat exit restores nothing": (
-        "                    for p, was in zip(plan.restore, plan.pick_restore(self._vals)):\n"
+        "                    for p, was in zip(plan.restore, plan.pick_restore(tuple(record.values()))):\n"
         "                        p.requires_grad = was",
         "                    pass",
     ),
@@ -171,6 +171,14 @@ SHIM: dict[str, tuple[str, str]] = {
     "flat exit ignores edits made inside the block": (
         "                    same = record is self._record and plan.fits(",
         "                    same = True or plan.fits(",
+    ),
+    "flat exit restores the values found at the toggle": (
+        "plan.pick_restore(tuple(record.values()))",
+        "plan.pick_restore(self._vals)",
+    ),
+    "flat exit ignores edits of the record's keys": (
+        "                if same and plan.keys_of(record):",
+        "                if same and len(record) == len(plan.managed):",
     ),
     "nested view compares parameters by value": (
         "        if len(mine) != len(theirs) or not all(map(is_, mine, theirs)):",

@@ -17,6 +17,7 @@ __all__ = [
     "NESTED_EXAMPLES",
     "Backward",
     "Block",
+    "EditRecord",
     "GraphSpec",
     "LayerSpec",
     "OptimizerSpec",
@@ -73,6 +74,19 @@ class SetRequiresGrad:
 
     param: int
     value: bool
+
+
+@dataclass(frozen=True)
+class EditRecord:
+    """The user edits the record ``_param_requires_grad_state`` in place (nothing when it is empty).
+
+    ``how``: ``"flip"`` the value of its ``entry``-th key (modulo its length), ``"delete"`` that key, or
+    ``"replace"`` it: deleted, and the first parameter absent from the record added as ``False`` (the
+    same length, other keys). Lightning's untoggle restores what the record holds at the untoggle.
+    """
+
+    entry: int
+    how: str
 
 
 @dataclass(frozen=True)
@@ -228,7 +242,8 @@ def programs(
     nesting: bool = True,
     faults: bool = True,
 ) -> st.SearchStrategy[tuple[object, ...]]:
-    """Random programs over the optimizers: blocks, statements, user changes, backward, faults.
+    """Random programs over the optimizers: blocks, statements, user changes (``requires_grad``, the
+    record), backward, faults.
 
     ``max_ops`` bounds each body (4: several blocks per world while a world stays ~10 ms);
     nesting is at most 3 deep (deeper adds time, not new paths).
@@ -237,7 +252,8 @@ def programs(
     backward = st.builds(Backward, st.lists(st.integers(0, n_terms - 1), max_size=3, unique=True).map(tuple))
     set_rg = st.builds(SetRequiresGrad, st.integers(0, n_params - 1), st.booleans())
     raise_ = st.builds(Raise, st.sampled_from(["error", "error", "interrupt"]))
-    leaf = st.one_of(backward, backward, set_rg, *([raise_] if faults else []))
+    edit_record = st.builds(EditRecord, st.integers(0, n_params - 1), st.sampled_from(["flip", "delete", "replace"]))
+    leaf = st.one_of(backward, backward, set_rg, edit_record, *([raise_] if faults else []))
     fail = st.sampled_from([None, None, None, "zero_grad", "step", "step_after"]) if faults else st.none()
 
     def bodies(inner: st.SearchStrategy[object]) -> st.SearchStrategy[tuple[object, ...]]:
@@ -299,7 +315,8 @@ _TWO = GraphSpec((LayerSpec("linear", (2, 2)), LayerSpec("linear", (2, 2))), see
 _SHARED = (OptimizerSpec("sgd", (((0, 1), _SGD),)), OptimizerSpec("adam", (((1, 2, 3), _ADAM),)))
 
 #: Flat worlds that touch each documented rule once: a user-frozen parameter, a shared parameter,
-#: a user change inside a block, an interrupt and a failing step, a block inside a statement toggle.
+#: a user change inside a block, an interrupt and a failing step, a block inside a statement toggle,
+#: the record edited inside a block (a value, then a key).
 FLAT_EXAMPLES = (
     WorldSpec(_TWO, (0,), _SHARED, (Block(1, (Backward((0, 1)),)), Block(0, (Backward((1,)),)))),
     WorldSpec(_TWO, (), _SHARED, (Block(0, (SetRequiresGrad(1, False), Backward((0,)))), Block(1))),
@@ -307,6 +324,7 @@ FLAT_EXAMPLES = (
     WorldSpec(_TWO, (), _SHARED, (Statement(0, (Block(1, (Backward((1,)),)),)),)),
     WorldSpec(_TWO, (), _SHARED, (Backward((0, 1)), Block(0, zero_grad=False, step=False), Block(1, fail="zero_grad"))),
     WorldSpec(_TWO, (), _SHARED, (Block(0, (SetRequiresGrad(0, False),)), Block(0), Block(1, (Backward((1,)),)))),
+    WorldSpec(_TWO, (), _SHARED, (Block(0), Block(0, (EditRecord(3, "flip"),)), Block(1, (EditRecord(0, "replace"),)))),
 )
 #: Nested worlds: a block inside a block, a statement toggle left open inside a block.
 NESTED_EXAMPLES = (
