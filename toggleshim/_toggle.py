@@ -63,6 +63,26 @@ def _layout(opts: Sequence[Any]) -> list[Any]:
     return seq
 
 
+_TOGGLED = object()  # the toggled optimizer's place in an ``_others`` layout
+
+
+def _others(opts: Sequence[Any], optimizer: Any, inner: Any) -> list[Any]:
+    """``_layout(opts)`` with the toggled optimizer (``optimizer`` or ``inner``) reduced to ``_TOGGLED``:
+    everything Lightning's untoggle reads."""
+    seq: list[Any] = []
+    for opt in opts:
+        if opt is optimizer or opt is inner:
+            seq.append(_TOGGLED)
+            continue
+        for group in opt.param_groups:
+            seq += group["params"]
+        try:
+            seq.append(_ref(opt))
+        except TypeError:
+            seq.append(opt)
+    return seq
+
+
 class _Plan:
     """Everything about toggling one optimizer that depends only on *which* parameters are where.
 
@@ -79,6 +99,7 @@ class _Plan:
         "last_record",
         "last_vals",
         "managed",
+        "others",
         "outside",
         "own_mask",
         "pick_restore",
@@ -94,6 +115,7 @@ class _Plan:
         managed: tuple[Any, ...],
         own_mask: tuple[bool, ...],
         restore_idx: list[int],
+        others: tuple[Any, ...],
     ) -> None:
         self.seq = seq
         self.inner_id = inner_id
@@ -103,7 +125,8 @@ class _Plan:
         free_idx = [i for i, mine in enumerate(own_mask) if not mine]
         self.free = tuple(managed[i] for i in free_idx)
         self.restore = tuple(managed[i] for i in restore_idx)
-        self.pick_restore = _picker(restore_idx)
+        self.pick_restore = _picker(restore_idx)  # record positions = managed positions
+        self.others = others
         self.last_vals: tuple[bool, ...] | None = None
         self.last_record: dict[Any, bool] = {}
 
@@ -121,9 +144,23 @@ class _Plan:
         own = _params_of(inner)
         return len(own) == len(outside) and all(map(is_, own, outside))
 
-    def keys_of(self, record: dict[Any, bool]) -> bool:
-        """Whether ``record``'s keys are this plan's managed parameters, in order (values may differ)."""
-        return len(record) == len(self.managed) and all(map(is_, record, self.managed))
+    def restoring(self, opts: Sequence[Any], optimizer: Any, inner: Any, record: Any) -> tuple[Any, ...] | None:
+        """What Lightning's untoggle gives ``self.restore`` now (``None``: the plan cannot tell).
+
+        It can tell while the other optimizers' parameter lists are the ones it was built for and the
+        record, a dict, still has each of those parameters at its place (by identity; other entries do
+        not matter to the untoggle): then their values are read from the record by position.
+        """
+        seq = _others(opts, optimizer, inner)
+        if len(seq) != len(self.others) or not all(map(is_, seq, self.others)) or record.__class__ is not dict:
+            return None
+        try:
+            keys = self.pick_restore(tuple(record))
+        except IndexError:  # fewer entries than the plan's positions
+            return None
+        if not all(map(is_, keys, self.restore)):
+            return None
+        return self.pick_restore(tuple(record.values()))
 
     def record(self, vals: tuple[bool, ...]) -> dict[Any, bool]:
         """Lightning's ``_param_requires_grad_state`` for ``vals``; a dict copy when unchanged.
@@ -215,21 +252,16 @@ def _param_name(module: Any, param: Any) -> str:
     return f"an unnamed parameter of shape {tuple(param.shape)} (not a parameter of {type(module).__name__})"
 
 
-def _plan_for(module: Any, state: _ModuleState, opts: Sequence[Any], optimizer: Any, inner: Any) -> _Plan:
-    """The cached plan for ``optimizer`` (``inner``: the torch optimizer in it), or a new one.
+def _new_plan(
+    module: Any, state: _ModuleState, seq: list[Any], opts: Sequence[Any], optimizer: Any, inner: Any
+) -> _Plan:
+    """A new plan for ``optimizer`` (``inner``: the torch optimizer in it) over the layout ``seq`` of
+    ``opts``, cached; raises (changing nothing) if the optimizer cannot be toggled.
 
     Plans are cached by the id of the object passed (a ``LightningOptimizer`` and its torch
-    optimizer are toggled alike but are different objects to Lightning's untoggle). The layout
-    check compares objects by *identity* (never ``==`` on tensors, which compares values).
+    optimizer are toggled alike but are different objects to Lightning's untoggle); ``Toggle``
+    reuses one only while ``_Plan.fits`` (an *identity* check: never ``==`` on tensors).
     """
-    try:
-        seq = _layout(opts)
-    except Exception:
-        _check_optimizer(optimizer)  # a clear TypeError for a non-optimizer, else the original error
-        raise
-    plan = state.plans.get(id(optimizer))
-    if plan is not None and plan.fits(seq, inner):
-        return plan
     _check_optimizer(optimizer)
     per_opt = [_params_of(opt) for opt in opts]
     index: dict[int, int] = {}
@@ -262,6 +294,7 @@ def _plan_for(module: Any, state: _ModuleState, opts: Sequence[Any], optimizer: 
         tuple(managed),
         tuple(id(p) in own_ids for p in managed),
         [i for i, p in enumerate(managed) if id(p) in restored],
+        tuple(_others(opts, optimizer, inner)),
     )
     if len(state.plans) > 64:  # optimizers come and go (e.g. re-created each fit); keep it bounded
         state.plans.clear()
@@ -317,19 +350,28 @@ class Toggle(Generic[_OptT]):
     ) -> None:
         if zero_grad.__class__ is not bool or step.__class__ is not bool or sync_grad.__class__ is not bool:
             _check_flags(zero_grad=zero_grad, step=step, sync_grad=sync_grad)
+            zero_grad, step, sync_grad = bool(zero_grad), bool(step), bool(sync_grad)
         trainer = module.trainer  # Lightning's own RuntimeError when not attached to a Trainer
         state = _STATES.get(id(module))
         if state is None or state.module() is not module:
             state = _state(module)
         inner = _unwrap(optimizer)
-        plan = _plan_for(module, state, trainer.optimizers, optimizer, inner)  # validates; raises before any change
+        opts = trainer.optimizers
+        try:
+            seq = _layout(opts)
+        except Exception:
+            _check_optimizer(optimizer)  # a clear TypeError for a non-optimizer, else the original error
+            raise
+        plan = state.plans.get(id(optimizer))
+        if plan is None or not plan.fits(seq, inner):  # validates; raises before any change
+            plan = _new_plan(module, state, seq, opts, optimizer, inner)
         # -- validated: from here on we change things --
         self._module: Any = module
         self._state: _ModuleState | None = state
         self._optimizer: _OptT | None = optimizer
         self._inner: Any = inner
-        self._zero_grad = bool(zero_grad)
-        self._step = bool(step)
+        self._zero_grad = zero_grad
+        self._step = step
         # Without gradient sync (DDP micro-batches) the block runs inside the strategy's no_sync,
         # entered with the block and left on every exit (toggle_model also leaves the toggle on errors).
         self._sync: Any = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)
@@ -458,16 +500,17 @@ class Toggle(Generic[_OptT]):
             else:
                 # Lightning's untoggle: the other optimizers' parameters get the value the record
                 # holds for them *now* (the user may have edited it). The plan knows which parameters
-                # and where their values sit in the record, unless the optimizers' parameter lists or
-                # the record's keys were changed inside the block: then it is done the long way.
+                # and where their values sit in the record, unless the other optimizers' parameter
+                # lists or the record's entries for them were changed inside the block: then it is
+                # done the long way.
                 opts = module.trainer.optimizers
                 record = module.__dict__.get("_param_requires_grad_state")
                 try:
-                    same = record is self._record and plan.fits(_layout(opts), self._inner)
-                except Exception:
-                    same = False
-                if same and plan.keys_of(record):
-                    for p, was in zip(plan.restore, plan.pick_restore(tuple(record.values()))):
+                    vals = plan.restoring(opts, self._optimizer, self._inner, record)
+                except Exception:  # unreadable lists: the long way raises Lightning's own error
+                    vals = None
+                if vals is not None:
+                    for p, was in zip(plan.restore, vals):
                         p.requires_grad = was
                 else:
                     _lightning_untoggle(opts, self._optimizer, self._inner, record)

@@ -124,7 +124,7 @@ SHIM: dict[str, tuple[str, str]] = {
         "        self._close(self._state)",
     ),
     "flat exit restores nothing": (
-        "                    for p, was in zip(plan.restore, plan.pick_restore(tuple(record.values()))):\n"
+        "                    for p, was in zip(plan.restore, vals):\n"
         "                        p.requires_grad = was",
         "                    pass",
     ),
@@ -169,16 +169,16 @@ SHIM: dict[str, tuple[str, str]] = {
         "",
     ),
     "flat exit ignores edits made inside the block": (
-        "                    same = record is self._record and plan.fits(",
-        "                    same = True or plan.fits(",
+        "if len(seq) != len(self.others) or not all(map(is_, seq, self.others)) or record.__class__",
+        "if record.__class__",
     ),
     "flat exit restores the values found at the toggle": (
-        "plan.pick_restore(tuple(record.values()))",
-        "plan.pick_restore(self._vals)",
+        "        return self.pick_restore(tuple(record.values()))",
+        "        return self.pick_restore(self.last_vals)  # type: ignore[arg-type]",
     ),
     "flat exit ignores edits of the record's keys": (
-        "                if same and plan.keys_of(record):",
-        "                if same and len(record) == len(plan.managed):",
+        "        if not all(map(is_, keys, self.restore)):\n            return None",
+        "        if len(record) != len(self.managed):\n            return None",
     ),
     "nested view compares parameters by value": (
         "        if len(mine) != len(theirs) or not all(map(is_, mine, theirs)):",
