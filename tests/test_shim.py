@@ -724,6 +724,30 @@ def test_toggle_object_keeps_nothing_alive_after_the_block(flavour: str) -> None
     assert toggle._optimizer is None and toggle._plan is None
 
 
+def test_module_state_goes_with_its_module(flavour: str) -> None:
+    """toggleshim's per-module state (cached plans, open toggles) is keyed by the module's id: it never
+    keeps the module alive, leaves with it, and is never handed to another module that gets its id."""
+    from toggleshim import _toggle
+
+    states = len(_toggle._STATES)
+    module = three_heads(flavour)
+    with module.toggle_optimizer(module.opts[0], zero_grad=False, step=False):
+        pass
+    state = _toggle._state_if_any(module)
+    assert state is not None and state.plans and len(_toggle._STATES) == states + 1
+    key, ref = id(module), weakref.ref(module)
+    del module
+    gc.collect()
+    assert ref() is None and key not in _toggle._STATES and len(_toggle._STATES) == states
+    # A stale entry under a reused id (as if the callback had not run yet) is not taken for the new module.
+    other = three_heads(flavour)
+    _toggle._STATES[id(other)] = state
+    assert _toggle._state_if_any(other) is None
+    with other.toggle_optimizer(other.opts[1], zero_grad=False, step=False):
+        assert _toggle._state_if_any(other) is not state
+    assert list(_toggle._state_if_any(other).plans) == [id(other.opts[1])]  # type: ignore[union-attr]
+
+
 def test_many_blocks_do_not_grow_memory(flavour: str) -> None:
     import tracemalloc
 
