@@ -1,0 +1,114 @@
+#!/usr/bin/env python
+"""Where the time goes at 10 parameters (issue "Performance": block/manual is at parity there).
+
+Run from the repository root::
+
+    python benchmarks/small_models.py            # 10 parameters, 2 optimizers, body none
+    python benchmarks/small_models.py --body grad --rounds 61
+
+Same fixture as ``bench_toggle.py`` (its ``make_fixture``), same method (variants interleaved in
+shuffled rounds, process CPU clock, cyclic GC off, median per variant, µs per toggled optimizer).
+Variants:
+
+* ``bare block``      ``with module.toggle_optimizer(opt, zero_grad=False, step=False): pass``
+* ``lightning pair``  Lightning's original ``toggle_optimizer`` + ``untoggle_optimizer``
+* ``zero_grad+step``  ``opt.zero_grad(); body(); opt.step()`` alone
+* ``block``           the full block (toggle, zero_grad, body, step, untoggle)
+* ``manual``          Lightning's manual sequence
+
+It prints each variant's time and the two numbers that explain the parity: what toggling costs
+alone (bare block / lightning pair) and what it costs *in place*, beside ``zero_grad`` and ``step``
+(block - zero_grad+step against manual - zero_grad+step): ``zero_grad`` and ``step`` run slower
+right after other Python work than back to back, so a toggle's share of a small step is larger
+than its own time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_toggle as bench
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=int, default=10)
+    parser.add_argument("--optimizers", type=int, default=2)
+    parser.add_argument("--body", choices=["none", "grad"], default="none")
+    parser.add_argument("--rounds", type=int, default=41)
+    parser.add_argument("--iterations", type=int, default=300, help="iterations per batch")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    fx = bench.make_fixture(args.params, args.optimizers, args.body)
+    module = fx.module
+    pairs = list(zip(fx.opts, fx.bodies, strict=True))
+    toggle, untoggle = bench.ORIGINAL_TOGGLE, bench.ORIGINAL_UNTOGGLE
+
+    def bare_block(n: int) -> None:
+        for _ in range(n):
+            for opt, _body in pairs:
+                with module.toggle_optimizer(opt, zero_grad=False, step=False):
+                    pass
+
+    def lightning_pair(n: int) -> None:
+        for _ in range(n):
+            for opt, _body in pairs:
+                toggle(module, opt)
+                untoggle(module, opt)
+
+    def zero_grad_step(n: int) -> None:
+        for _ in range(n):
+            for opt, body in pairs:
+                opt.zero_grad()
+                body()
+                opt.step()
+
+    variants: dict[str, Callable[[int], None]] = {
+        "bare block": bare_block,
+        "lightning pair": lightning_pair,
+        "zero_grad+step": zero_grad_step,
+        "block": fx.variants["block"],
+        "manual": fx.variants["manual"],
+    }
+    rng = random.Random(0)
+    order = list(variants.items())
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    per = args.iterations * len(pairs)
+    gc.disable()
+    try:
+        for run in variants.values():
+            run(20)  # warm-up
+        for _ in range(args.rounds):
+            rng.shuffle(order)
+            for name, run in order:
+                t0 = time.process_time_ns()
+                run(args.iterations)
+                times[name].append((time.process_time_ns() - t0) / per / 1e3)
+    finally:
+        gc.enable()
+    med = {name: statistics.median(values) for name, values in times.items()}
+    print(f"{args.params} parameters, {args.optimizers} optimizers, body {args.body}, {args.rounds} rounds "
+          f"of {args.iterations} iterations; µs per toggled optimizer (median)")
+    print("| variant | µs |\n|:---|---:|")
+    for name, value in med.items():
+        print(f"| {name} | {value:.1f} |")
+    alone = med["bare block"] / med["lightning pair"]
+    ours = med["block"] - med["zero_grad+step"]
+    theirs = med["manual"] - med["zero_grad+step"]
+    print(f"\ntoggling alone: bare block / lightning pair = {alone:.2f}")
+    print(f"toggling in place: (block - zero_grad+step) = {ours:.1f} µs, (manual - zero_grad+step) = "
+          f"{theirs:.1f} µs, ratio {ours / theirs:.2f}; block/manual = {med['block'] / med['manual']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
