@@ -45,30 +45,18 @@ def _picker(indices: Sequence[int]) -> Callable[[tuple[bool, ...]], tuple[bool, 
 
 
 _ref = weakref.ref
+_TOGGLED = object()  # the toggled optimizer's place in a layout of what Lightning's untoggle reads
 
 
-def _layout(opts: Sequence[Any]) -> list[Any]:
+def _layout(opts: Sequence[Any], optimizer: Any = _TOGGLED, inner: Any = _TOGGLED) -> list[Any]:
     """Every parameter of ``opts`` in Lightning's iteration order, each optimizer's followed by a token
     of that optimizer: its weak reference (the same object while the optimizer lives and a plan holds
     it; a token never keeps an optimizer, or its state, alive), or the optimizer itself when it cannot
-    be weakly referenced. Two layouts are the same iff they are identical item by item."""
-    seq: list[Any] = []
-    for opt in opts:
-        for group in opt.param_groups:
-            seq += group["params"]
-        try:
-            seq.append(_ref(opt))
-        except TypeError:
-            seq.append(opt)
-    return seq
+    be weakly referenced. Two layouts are the same iff they are identical item by item.
 
-
-_TOGGLED = object()  # the toggled optimizer's place in an ``_others`` layout
-
-
-def _others(opts: Sequence[Any], optimizer: Any, inner: Any) -> list[Any]:
-    """``_layout(opts)`` with the toggled optimizer (``optimizer`` or ``inner``) reduced to ``_TOGGLED``:
-    everything Lightning's untoggle reads."""
+    Given the toggled ``optimizer`` (``inner``: the torch optimizer in it), that optimizer is reduced
+    to ``_TOGGLED``: the layout is then everything Lightning's untoggle reads.
+    """
     seq: list[Any] = []
     for opt in opts:
         if opt is optimizer or opt is inner:
@@ -151,7 +139,7 @@ class _Plan:
         record, a dict, still has each of those parameters at its place (by identity; other entries do
         not matter to the untoggle): then their values are read from the record by position.
         """
-        seq = _others(opts, optimizer, inner)
+        seq = _layout(opts, optimizer, inner)
         if len(seq) != len(self.others) or not all(map(is_, seq, self.others)) or record.__class__ is not dict:
             return None
         try:
@@ -197,17 +185,17 @@ def _forget(ref: weakref.ref[Any], key: int) -> None:
         del _STATES[key]
 
 
-def _state(module: Any) -> _ModuleState:
-    key = id(module)
-    state = _STATES.get(key)
-    if state is None or state.module() is not module:
-        state = _STATES[key] = _ModuleState(weakref.ref(module, lambda ref: _forget(ref, key)))
-    return state
-
-
 def _state_if_any(module: Any) -> _ModuleState | None:
     state = _STATES.get(id(module))
     return state if state is not None and state.module() is module else None
+
+
+def _state(module: Any) -> _ModuleState:
+    state = _state_if_any(module)
+    if state is None:
+        key = id(module)
+        state = _STATES[key] = _ModuleState(weakref.ref(module, lambda ref: _forget(ref, key)))
+    return state
 
 
 # class -> whether it is a LightningOptimizer (of either flavour); cleared when _patch registers one.
@@ -294,7 +282,7 @@ def _new_plan(
         tuple(managed),
         tuple(id(p) in own_ids for p in managed),
         [i for i, p in enumerate(managed) if id(p) in restored],
-        tuple(_others(opts, optimizer, inner)),
+        tuple(_layout(opts, optimizer, inner)),
     )
     if len(state.plans) > 64:  # optimizers come and go (e.g. re-created each fit); keep it bounded
         state.plans.clear()
@@ -352,7 +340,7 @@ class Toggle(Generic[_OptT]):
             _check_flags(zero_grad=zero_grad, step=step, sync_grad=sync_grad)
             zero_grad, step, sync_grad = bool(zero_grad), bool(step), bool(sync_grad)
         trainer = module.trainer  # Lightning's own RuntimeError when not attached to a Trainer
-        state = _STATES.get(id(module))
+        state = _STATES.get(id(module))  # _state(module), inlined: this is every toggle's path
         if state is None or state.module() is not module:
             state = _state(module)
         inner = _unwrap(optimizer)
