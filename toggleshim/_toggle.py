@@ -44,30 +44,26 @@ def _picker(indices: Sequence[int]) -> Callable[[tuple[bool, ...]], tuple[bool, 
     return itemgetter(*indices)
 
 
-_ref = weakref.ref
-_TOGGLED = object()  # the toggled optimizer's place in a layout of what Lightning's untoggle reads
+_new = object.__new__
+_MADE, _OPEN, _CLOSED = 0, 1, 2  # a Toggle's phase: toggled (a statement, or not entered yet), in its block, undone
+_TOGGLED = object()  # in a layout: the next optimizer is the toggled one (Lightning's untoggle skips it)
+_END = object()  # in a layout: the end of one optimizer's parameters
 
 
-def _layout(opts: Sequence[Any], optimizer: Any = _TOGGLED, inner: Any = _TOGGLED) -> list[Any]:
-    """Every parameter of ``opts`` in Lightning's iteration order, each optimizer's followed by a token
-    of that optimizer: its weak reference (the same object while the optimizer lives and a plan holds
-    it; a token never keeps an optimizer, or its state, alive), or the optimizer itself when it cannot
-    be weakly referenced. Two layouts are the same iff they are identical item by item.
-
-    Given the toggled ``optimizer`` (``inner``: the torch optimizer in it), that optimizer is reduced
-    to ``_TOGGLED``: the layout is then everything Lightning's untoggle reads.
+def _layout(opts: Sequence[Any], optimizer: Any, inner: Any) -> list[Any]:
+    """All that toggling ``optimizer`` (``inner``: the torch optimizer in it) reads from ``opts``:
+    every optimizer's parameters in Lightning's iteration order, each optimizer's ended by ``_END``
+    and preceded by ``_TOGGLED`` when it is the toggled one (``is optimizer or is inner``, Lightning's
+    test). Two layouts are the same iff they are identical item by item; then Lightning's toggle and
+    untoggle do the same on both (which optimizer *objects* hold the lists does not matter to them).
     """
     seq: list[Any] = []
     for opt in opts:
         if opt is optimizer or opt is inner:
             seq.append(_TOGGLED)
-            continue
         for group in opt.param_groups:
             seq += group["params"]
-        try:
-            seq.append(_ref(opt))
-        except TypeError:
-            seq.append(opt)
+        seq.append(_END)
     return seq
 
 
@@ -76,9 +72,9 @@ class _Plan:
 
     Built once per (module, optimizer, parameter layout) and reused while the layout is unchanged,
     so the hot path is a handful of C-level passes instead of Lightning's tensor-keyed dict work.
-    The layout is ``trainer.optimizers`` and every parameter each one holds, by identity, in order
-    (``seq``, see ``_layout``; held: no parameter in it can die and have its id reused while the plan
-    exists). How parameters are split into groups does not matter to toggling.
+    The layout is every parameter each of ``trainer.optimizers`` holds, by identity, in order, and
+    which optimizer is the toggled one (``seq``, see ``_layout``; held: no parameter in it can die and
+    have its id reused while the plan exists). How parameters are split into groups does not matter.
     """
 
     __slots__ = (
@@ -87,11 +83,11 @@ class _Plan:
         "last_record",
         "last_vals",
         "managed",
-        "others",
         "outside",
         "own_mask",
         "pick_restore",
         "restore",
+        "restore_vals",
         "seq",
     )
 
@@ -103,7 +99,6 @@ class _Plan:
         managed: tuple[Any, ...],
         own_mask: tuple[bool, ...],
         restore_idx: list[int],
-        others: tuple[Any, ...],
     ) -> None:
         self.seq = seq
         self.inner_id = inner_id
@@ -114,12 +109,12 @@ class _Plan:
         self.free = tuple(managed[i] for i in free_idx)
         self.restore = tuple(managed[i] for i in restore_idx)
         self.pick_restore = _picker(restore_idx)  # record positions = managed positions
-        self.others = others
-        self.last_vals: tuple[bool, ...] | None = None
-        self.last_record: dict[Any, bool] = {}
+        self.last_vals: tuple[bool, ...] | None = None  # the values of the last record built, and
+        self.last_record: dict[Any, bool] = {}  # that record (handed out as copies), and
+        self.restore_vals: tuple[bool, ...] = ()  # the values Lightning's untoggle restores from it
 
     def fits(self, seq: list[Any], inner: Any) -> bool:
-        """Whether ``seq`` (``_layout(opts)``) is still the layout this plan was built for."""
+        """Whether ``seq`` (``_layout``) is still the layout this plan was built for."""
         if (
             len(seq) != len(self.seq)
             or self.inner_id != id(inner)
@@ -132,23 +127,34 @@ class _Plan:
         own = _params_of(inner)
         return len(own) == len(outside) and all(map(is_, own, outside))
 
-    def restoring(self, opts: Sequence[Any], optimizer: Any, inner: Any, record: Any) -> tuple[Any, ...] | None:
-        """What Lightning's untoggle gives ``self.restore`` now (``None``: the plan cannot tell).
+    def restoring(
+        self, opts: Sequence[Any], optimizer: Any, inner: Any, record: Any, vals: tuple[bool, ...]
+    ) -> tuple[bool, ...] | None:
+        """What Lightning's untoggle gives ``self.restore`` now, for a toggle that handed out a copy of
+        ``self.last_record`` (recorded ``vals``); ``None``: the plan cannot tell.
 
-        It can tell while the other optimizers' parameter lists are the ones it was built for and the
-        record, a dict, still has each of those parameters at its place (by identity; other entries do
-        not matter to the untoggle): then their values are read from the record by position.
+        It can tell while the layout is the one it was built for (all that Lightning's untoggle reads,
+        and a little more) and ``record`` is still what was handed out:
+
+        * ``last_record == record`` (``dict_equal``, in C) looks every managed parameter up in
+          ``record`` exactly as Lightning's ``param in record`` / ``record[param]`` do: the same stored
+          hash (``Tensor.__hash__`` is ``id``), the same probing and key comparison; each value found
+          equals the recorded one. No ``Tensor.__hash__`` call, no iteration object.
+        * ``record``'s values are the very bools recorded, in order: so none is a non-bool equal to
+          one (``1 == True``: Lightning's untoggle would raise "requires_grad must be a bool"), and
+          each value found above *is* the recorded one.
         """
+        if record.__class__ is not dict or vals != self.last_vals:
+            return None
         seq = _layout(opts, optimizer, inner)
-        if len(seq) != len(self.others) or not all(map(is_, seq, self.others)) or record.__class__ is not dict:
+        if (
+            len(seq) != len(self.seq)
+            or not all(map(is_, seq, self.seq))
+            or self.last_record != record  # each parameter found, with an equal value
+            or not all(map(is_, record.values(), vals))  # the values: the very bools recorded, in order
+        ):
             return None
-        try:
-            keys = self.pick_restore(tuple(record))
-        except IndexError:  # fewer entries than the plan's positions
-            return None
-        if not all(map(is_, keys, self.restore)):
-            return None
-        return self.pick_restore(tuple(record.values()))
+        return self.restore_vals
 
     def record(self, vals: tuple[bool, ...]) -> dict[Any, bool]:
         """Lightning's ``_param_requires_grad_state`` for ``vals``; a dict copy when unchanged.
@@ -159,6 +165,7 @@ class _Plan:
         if vals != self.last_vals:
             self.last_record = dict(zip(self.managed, vals))
             self.last_vals = vals
+            self.restore_vals = self.pick_restore(vals)
         return self.last_record.copy()
 
 
@@ -282,7 +289,6 @@ def _new_plan(
         tuple(managed),
         tuple(id(p) in own_ids for p in managed),
         [i for i, p in enumerate(managed) if id(p) in restored],
-        tuple(_layout(opts, optimizer, inner)),
     )
     if len(state.plans) > 64:  # optimizers come and go (e.g. re-created each fit); keep it bounded
         state.plans.clear()
@@ -316,13 +322,12 @@ class Toggle(Generic[_OptT]):
     """
 
     __slots__ = (
-        "_done",
-        "_entered",
         "_entry",
         "_inner",
         "_module",
         "_nested",
         "_optimizer",
+        "_phase",
         "_plan",
         "_prev_record",
         "_record",
@@ -333,65 +338,25 @@ class Toggle(Generic[_OptT]):
         "_zero_grad",
     )
 
-    def __init__(
-        self, module: Any, optimizer: _OptT, zero_grad: bool = True, step: bool = True, sync_grad: bool = True
-    ) -> None:
-        if zero_grad.__class__ is not bool or step.__class__ is not bool or sync_grad.__class__ is not bool:
-            _check_flags(zero_grad=zero_grad, step=step, sync_grad=sync_grad)
-            zero_grad, step, sync_grad = bool(zero_grad), bool(step), bool(sync_grad)
-        trainer = module.trainer  # Lightning's own RuntimeError when not attached to a Trainer
-        state = _STATES.get(id(module))  # _state(module), inlined: this is every toggle's path
-        if state is None or state.module() is not module:
-            state = _state(module)
-        inner = _unwrap(optimizer)
-        opts = trainer.optimizers
-        try:
-            seq = _layout(opts)
-        except Exception:
-            _check_optimizer(optimizer)  # a clear TypeError for a non-optimizer, else the original error
-            raise
-        plan = state.plans.get(id(optimizer))
-        if plan is None or not plan.fits(seq, inner):  # validates; raises before any change
-            plan = _new_plan(module, state, seq, opts, optimizer, inner)
-        # -- validated: from here on we change things --
-        self._module: Any = module
-        self._state: _ModuleState | None = state
-        self._optimizer: _OptT | None = optimizer
-        self._inner: Any = inner
-        self._zero_grad = zero_grad
-        self._step = step
-        # Without gradient sync (DDP micro-batches) the block runs inside the strategy's no_sync,
-        # entered with the block and left on every exit (toggle_model also leaves the toggle on errors).
-        self._sync: Any = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)
-        self._plan: _Plan | None = plan
-        self._entered = False
-        self._done = False
-        self._prev_record: Any = module.__dict__.get("_param_requires_grad_state")
-        vals: tuple[bool, ...] = tuple(map(_requires_grad, plan.managed))
-        outer = state.stack[-1] if state.stack else None
-        if outer is None:
-            self._nested = False
-            self._entry: tuple[bool, ...] | None = None
-            user = vals
-            for p in plan.free:  # as Lightning: every managed parameter but the toggled ones, frozen
-                p.requires_grad = False
-            record = plan.record(vals)
-        else:
-            # Nested: toggle from the user's view. Parameters the enclosing toggle left live show the
-            # user's current wish; the ones it froze show what it recorded.
-            self._nested = True
-            self._entry = vals
-            user = outer._user_view(plan, vals)
-            for p, mine, now, want in zip(plan.managed, plan.own_mask, vals, user):
-                target = want if mine else False
-                if now is not target:
-                    p.requires_grad = target
-            record = dict(zip(plan.managed, user))
-            state.stack.append(self)
-        self._vals: tuple[bool, ...] | None = user
-        self._record: dict[Any, bool] | None = record
-        # Lightning assigns through nn.Module.__setattr__, which stores a dict in __dict__ (10x slower).
-        module.__dict__["_param_requires_grad_state"] = record
+    _entry: tuple[bool, ...] | None
+    _inner: Any
+    _module: Any
+    _nested: bool
+    _optimizer: _OptT | None
+    _phase: int
+    _plan: _Plan | None
+    _prev_record: Any
+    _record: dict[Any, bool] | None
+    _state: _ModuleState | None
+    _step: bool
+    _sync: Any
+    _vals: tuple[bool, ...] | None
+    _zero_grad: bool
+
+    def __new__(
+        cls, module: Any, optimizer: _OptT, zero_grad: bool = True, step: bool = True, sync_grad: bool = True
+    ) -> Toggle[_OptT]:
+        return _toggle_optimizer(module, optimizer, zero_grad, step, sync_grad)
 
     # -- nesting ----------------------------------------------------------------------------
 
@@ -409,7 +374,7 @@ class Toggle(Generic[_OptT]):
 
     def __enter__(self) -> _OptT:
         module = self._module
-        if self._entered or self._done or module is None:
+        if self._phase != _MADE:
             raise RuntimeError(
                 "this toggle was already used: a toggle object is single-use, write "
                 "`with self.toggle_optimizer(opt):` for each block; nothing was changed"
@@ -422,7 +387,7 @@ class Toggle(Generic[_OptT]):
                 "this toggle was undone or superseded before its block started; enter it where it is "
                 "made: `with self.toggle_optimizer(opt):`; nothing was changed"
             )
-        self._entered = True
+        self._phase = _OPEN
         if not self._nested:
             state.stack.append(self)
         try:
@@ -439,7 +404,7 @@ class Toggle(Generic[_OptT]):
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> Literal[False]:
-        if not self._entered or self._done:
+        if self._phase != _OPEN:
             raise RuntimeError("this toggle's block is not open")
         try:
             if exc_type is None and self._step:
@@ -473,9 +438,9 @@ class Toggle(Generic[_OptT]):
                 sync.__exit__(None, None, None)
 
     def _undo(self) -> None:
-        if self._done:
+        if self._phase == _CLOSED:
             return
-        self._done = True
+        self._phase = _CLOSED
         module, plan = self._module, self._plan
         assert plan is not None and self._vals is not None
         try:
@@ -487,14 +452,13 @@ class Toggle(Generic[_OptT]):
                 module.__dict__["_param_requires_grad_state"] = self._prev_record
             else:
                 # Lightning's untoggle: the other optimizers' parameters get the value the record
-                # holds for them *now* (the user may have edited it). The plan knows which parameters
-                # and where their values sit in the record, unless the other optimizers' parameter
-                # lists or the record's entries for them were changed inside the block: then it is
-                # done the long way.
+                # holds for them *now* (the user may have edited it). The plan knows them while the
+                # optimizers' parameter lists and the record are as the toggle left them; anything
+                # changed inside the block is done the long way, over the current lists and record.
                 opts = module.trainer.optimizers
                 record = module.__dict__.get("_param_requires_grad_state")
                 try:
-                    vals = plan.restoring(opts, self._optimizer, self._inner, record)
+                    vals = plan.restoring(opts, self._optimizer, self._inner, record, self._vals)
                 except Exception:  # unreadable lists: the long way raises Lightning's own error
                     vals = None
                 if vals is not None:
@@ -515,8 +479,75 @@ class Toggle(Generic[_OptT]):
         self._undo()
 
     def __repr__(self) -> str:
-        status = "closed" if self._done else ("open" if self._entered else "toggled")
+        status = ("toggled", "open", "closed")[self._phase]
         return f"<toggleshim.Toggle {status} optimizer={type(self._optimizer).__name__}>"
+
+
+def _toggle_optimizer(
+    self: Any, optimizer: _OptT, zero_grad: bool = True, step: bool = True, sync_grad: bool = True
+) -> Toggle[_OptT]:
+    """The toggle (``Toggle(...)``, ``toggle(...)``); ``_patch`` installs copies of this very function as
+    ``toggle_optimizer`` (no wrapper call: this is every toggle's path). ``self``: the LightningModule."""
+    module = self
+    if zero_grad.__class__ is not bool or step.__class__ is not bool or sync_grad.__class__ is not bool:
+        _check_flags(zero_grad=zero_grad, step=step, sync_grad=sync_grad)
+        zero_grad, step, sync_grad = bool(zero_grad), bool(step), bool(sync_grad)
+    trainer = module.trainer  # Lightning's own RuntimeError when not attached to a Trainer
+    state = _STATES.get(id(module))  # _state(module), inlined: this is every toggle's path
+    if state is None or state.module() is not module:
+        state = _state(module)
+    wrapped = _IS_WRAPPER.get(optimizer.__class__)
+    inner = optimizer if wrapped is False else _unwrap(optimizer)  # _unwrap, inlined for a torch optimizer
+    opts = trainer.optimizers
+    try:
+        seq = _layout(opts, optimizer, inner)
+    except Exception:
+        _check_optimizer(optimizer)  # a clear TypeError for a non-optimizer, else the original error
+        raise
+    plan = state.plans.get(id(optimizer))
+    if plan is None or not plan.fits(seq, inner):  # validates; raises before any change
+        plan = _new_plan(module, state, seq, opts, optimizer, inner)
+    # -- validated: from here on we change things --
+    t: Toggle[_OptT] = _new(Toggle)
+    t._module = module
+    t._state = state
+    t._optimizer = optimizer
+    t._inner = inner
+    t._zero_grad = zero_grad
+    t._step = step
+    # Without gradient sync (DDP micro-batches) the block runs inside the strategy's no_sync,
+    # entered with the block and left on every exit (toggle_model also leaves the toggle on errors).
+    t._sync = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)
+    t._plan = plan
+    t._phase = _MADE
+    vals: tuple[bool, ...] = tuple(map(_requires_grad, plan.managed))
+    outer = state.stack[-1] if state.stack else None
+    if outer is None:
+        t._nested = False
+        t._entry = None
+        user = vals
+        for p in plan.free:  # as Lightning: every managed parameter but the toggled ones, frozen
+            p.requires_grad = False
+        # plan.record(vals), inlined for the usual case: the same values as last time
+        record = plan.last_record.copy() if vals == plan.last_vals else plan.record(vals)
+    else:
+        # Nested: toggle from the user's view. Parameters the enclosing toggle left live show the
+        # user's current wish; the ones it froze show what it recorded.
+        t._nested = True
+        t._entry = vals
+        t._prev_record = module.__dict__.get("_param_requires_grad_state")
+        user = outer._user_view(plan, vals)
+        for p, mine, now, want in zip(plan.managed, plan.own_mask, vals, user):
+            target = want if mine else False
+            if now is not target:
+                p.requires_grad = target
+        record = dict(zip(plan.managed, user))
+        state.stack.append(t)
+    t._vals = user
+    t._record = record
+    # Lightning assigns through nn.Module.__setattr__, which stores a dict in __dict__ (10x slower).
+    module.__dict__["_param_requires_grad_state"] = record
+    return t
 
 
 def toggle(
@@ -527,7 +558,7 @@ def toggle(
     Static checkers read Lightning's ``toggle_optimizer(...) -> None`` and reject it in a ``with``;
     this function has the precise type. It works whether or not the patch is installed.
     """
-    return Toggle(module, optimizer, zero_grad, step, sync_grad)
+    return _toggle_optimizer(module, optimizer, zero_grad, step, sync_grad)
 
 
 def _open_statement_toggle(module: Any, optimizer: Any) -> Toggle[Any] | None:
@@ -536,7 +567,7 @@ def _open_statement_toggle(module: Any, optimizer: Any) -> Toggle[Any] | None:
     if state is None or not state.stack:
         return None
     top = state.stack[-1]
-    if top._entered or top._optimizer is None:
+    if top._phase != _MADE:
         return None
     if top._optimizer is optimizer or _unwrap(top._optimizer) is _unwrap(optimizer):
         return top

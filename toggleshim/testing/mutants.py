@@ -133,12 +133,12 @@ SHIM: dict[str, tuple[str, str]] = {
         "                pass",
     ),
     "nesting is Lightning's (flat)": (
-        "        outer = state.stack[-1] if state.stack else None",
-        "        outer = None",
+        "    outer = state.stack[-1] if state.stack else None",
+        "    outer = None",
     ),
     "nested toggle from the frozen state": (
-        "            user = outer._user_view(plan, vals)",
-        "            user = vals",
+        "        user = outer._user_view(plan, vals)",
+        "        user = vals",
     ),
     "nested exit restores nothing": (
         "                for p, was in zip(plan.managed, self._entry):\n"
@@ -147,9 +147,9 @@ SHIM: dict[str, tuple[str, str]] = {
         "                pass",
     ),
     "toggle only on entry (statement form does nothing)": (
-        "            for p in plan.free:  # as Lightning: every managed parameter but the toggled ones, frozen\n"
-        "                p.requires_grad = False",
-        "            pass",
+        "        for p in plan.free:  # as Lightning: every managed parameter but the toggled ones, frozen\n"
+        "            p.requires_grad = False",
+        "        pass",
     ),
     "toggle reuses a stale record": (
         "        if vals != self.last_vals:",
@@ -165,20 +165,21 @@ SHIM: dict[str, tuple[str, str]] = {
         "            restored.update(id(p) for p in params if id(p) not in own_ids)",
     ),
     "cached plan ignores in-place parameter edits": (
-        "            or not all(map(is_, seq, self.seq))\n",
-        "",
+        "            or self.inner_id != id(inner)\n            or not all(map(is_, seq, self.seq))\n",
+        "            or self.inner_id != id(inner)\n",
     ),
     "flat exit ignores edits made inside the block": (
-        "if len(seq) != len(self.others) or not all(map(is_, seq, self.others)) or record.__class__",
-        "if record.__class__",
+        "        seq = _layout(opts, optimizer, inner)\n        if (",
+        "        seq = list(self.seq)\n        if (",
     ),
     "flat exit restores the values found at the toggle": (
-        "        return self.pick_restore(tuple(record.values()))",
-        "        return self.pick_restore(self.last_vals)  # type: ignore[arg-type]",
+        "            or self.last_record != record  # each parameter found, with an equal value\n"
+        "            or not all(map(is_, record.values(), vals))  # the values: the very bools recorded, in order\n",
+        "            or self.last_record.keys() != record.keys()\n",
     ),
     "flat exit ignores edits of the record's keys": (
-        "        if not all(map(is_, keys, self.restore)):\n            return None",
-        "        if len(record) != len(self.managed):\n            return None",
+        "            or self.last_record != record  # each parameter found, with an equal value\n",
+        "            or len(self.last_record) != len(record)\n",
     ),
     "nested view compares parameters by value": (
         "        if len(mine) != len(theirs) or not all(map(is_, mine, theirs)):",
