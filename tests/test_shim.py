@@ -370,6 +370,10 @@ LAYOUT_EDITS: dict[str, Any] = {
     "replace an optimizer by a new one over the same parameters": lambda m: m._trainer.optimizers.__setitem__(
         0, torch.optim.SGD(m.opts[0].param_groups[0]["params"], lr=0.1)
     ),
+    "list an optimizer twice": lambda m: m._trainer.optimizers.append(m.opts[1]),
+    "let two optimizers share one param_groups list": lambda m: setattr(
+        m.opts[2], "param_groups", m.opts[1].param_groups
+    ),
 }
 
 
@@ -457,6 +461,65 @@ def test_block_exit_reads_the_record_as_lightning_untoggle_does(flavour: str, ed
             for p in m.parameters():
                 p.requires_grad_(True)
             m.b.weight.requires_grad_(False)
+
+
+class _RecordSubclass(dict):  # type: ignore[type-arg]
+    """A record Lightning's untoggle reads through ``__contains__``/``__getitem__`` like any mapping."""
+
+    def __getitem__(self, key: Any) -> Any:
+        return not super().__getitem__(key)
+
+
+@pytest.mark.parametrize(
+    "value", [1, 1.0, torch.tensor(True)], ids=["int 1", "float 1.0", "tensor(True)"]
+)
+def test_block_exit_with_a_non_bool_record_value_fails_as_lightning_untoggle(flavour: str, value: Any) -> None:
+    """A value equal to ``True`` but not a bool (``1 == True``): Lightning's untoggle raises "requires_grad
+    must be a bool" at that parameter, after restoring the ones before it; so does the block's exit, and
+    the exception is Lightning's own (the fast exit compares the record as a dict, then its values by
+    identity)."""
+    shim, ref = three_heads(flavour, n_opt=3, frozen=True), three_heads(flavour, n_opt=3, frozen=True)
+    with shim.toggle_optimizer(shim.opts[0], step=False, zero_grad=False):
+        pass  # a cached plan: its fast exit is the path under test
+    lightning_toggle(flavour, ref, ref.opts[0])
+    lightning_untoggle(flavour, ref, ref.opts[0])
+    errors = []
+    for m in (shim, ref):
+        edited = [p for g in m.opts[2].param_groups for p in g["params"]][-1]
+
+        def edit(m: Any = m, edited: Any = edited) -> None:
+            assert m._param_requires_grad_state[edited] is True
+            m._param_requires_grad_state[edited] = value
+
+        with pytest.raises(RuntimeError, match="requires_grad must be a bool") as caught:
+            if m is shim:
+                with shim.toggle_optimizer(shim.opts[0], step=False, zero_grad=False):
+                    edit()
+            else:
+                lightning_toggle(flavour, ref, ref.opts[0])
+                edit()
+                lightning_untoggle(flavour, ref, ref.opts[0])
+        errors.append(str(caught.value))
+    assert errors[0] == errors[1]
+    assert state(shim) == state(ref)
+    assert list(shim._param_requires_grad_state.values()) == list(ref._param_requires_grad_state.values())
+
+
+def test_block_exit_reads_a_replaced_record_as_lightning_untoggle_does(flavour: str) -> None:
+    """The record replaced inside the block by a dict subclass (its own ``__getitem__``), or by a plain
+    dict with the same contents: the exit restores what Lightning's untoggle would, through it."""
+    shim, ref = three_heads(flavour, n_opt=3, frozen=True), three_heads(flavour, n_opt=3, frozen=True)
+    for kind in (_RecordSubclass, dict, _RecordSubclass):
+        before = state(shim)
+        with shim.toggle_optimizer(shim.opts[1], step=False, zero_grad=False):
+            lightning_toggle(flavour, ref, ref.opts[1])
+            for m in (shim, ref):
+                m._param_requires_grad_state = kind(m._param_requires_grad_state)
+        lightning_untoggle(flavour, ref, ref.opts[1])
+        assert state(shim) == state(ref), kind
+        assert shim._param_requires_grad_state == {} == ref._param_requires_grad_state
+        # the subclass inverts what is restored through it (the test bites); a plain copy restores all
+        assert (state(shim) != before) is (kind is _RecordSubclass), kind
 
 
 def test_cached_plan_is_not_fooled_by_a_reused_id(flavour: str) -> None:
