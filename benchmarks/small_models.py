@@ -15,6 +15,10 @@ Variants:
 * ``zero_grad+step``  ``opt.zero_grad(); body(); opt.step()`` alone
 * ``block``           the full block (toggle, zero_grad, body, step, untoggle)
 * ``manual``          Lightning's manual sequence
+* ``essential``       only the torch work any exact toggle does: read every ``requires_grad``, freeze
+                      the other optimizers' parameters, give them their values back (no checks, no
+                      record, no context manager)
+* ``essential+step``  the same around ``opt.zero_grad(); body(); opt.step()``: the floor in place
 
 It prints each variant's time and the two numbers that explain the parity: what toggling costs
 alone (bare block / lightning pair) and what it costs *in place*, beside ``zero_grad`` and ``step``
@@ -32,6 +36,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from operator import attrgetter
 from pathlib import Path
 
 import torch
@@ -73,12 +78,43 @@ def main() -> None:
                 body()
                 opt.step()
 
+    every = [p for group in fx.groups for p in group]
+    others = [[p for group, o in zip(fx.groups, fx.opts, strict=True) if o is not opt for p in group]
+              for opt in fx.opts]
+    triples = list(zip(fx.opts, fx.bodies, others, strict=True))
+    requires_grad = attrgetter("requires_grad")
+
+    def essential(n: int) -> None:
+        for _ in range(n):
+            for _opt, _body, frozen in triples:
+                vals = tuple(map(requires_grad, every))
+                for p in frozen:
+                    p.requires_grad = False
+                for p in frozen:
+                    p.requires_grad = True
+        assert vals  # the values were read
+
+    def essential_step(n: int) -> None:
+        for _ in range(n):
+            for opt, body, frozen in triples:
+                vals = tuple(map(requires_grad, every))
+                for p in frozen:
+                    p.requires_grad = False
+                opt.zero_grad()
+                body()
+                opt.step()
+                for p in frozen:
+                    p.requires_grad = True
+        assert vals
+
     variants: dict[str, Callable[[int], None]] = {
         "bare block": bare_block,
         "lightning pair": lightning_pair,
         "zero_grad+step": zero_grad_step,
         "block": fx.variants["block"],
         "manual": fx.variants["manual"],
+        "essential": essential,
+        "essential+step": essential_step,
     }
     rng = random.Random(0)
     order = list(variants.items())
@@ -108,6 +144,9 @@ def main() -> None:
     print(f"\ntoggling alone: bare block / lightning pair = {alone:.2f}")
     print(f"toggling in place: (block - zero_grad+step) = {ours:.1f} µs, (manual - zero_grad+step) = "
           f"{theirs:.1f} µs, ratio {ours / theirs:.2f}; block/manual = {med['block'] / med['manual']:.2f}")
+    floor = med["essential+step"] - med["zero_grad+step"]
+    print(f"an exact toggle's own torch work: {med['essential']:.1f} µs alone, {floor:.1f} µs in place "
+          f"(block/manual {med['essential+step'] / med['manual']:.2f} if that were all a toggle did)")
 
 
 if __name__ == "__main__":

@@ -313,6 +313,7 @@ _ADAM = (("amsgrad", False), ("lr", 0.01), ("weight_decay", 0.0))
 # Two linear layers, weight+bias each: parameters 0..3; parameter 1 is in both optimizers.
 _TWO = GraphSpec((LayerSpec("linear", (2, 2)), LayerSpec("linear", (2, 2))), seed=7)
 _SHARED = (OptimizerSpec("sgd", (((0, 1), _SGD),)), OptimizerSpec("adam", (((1, 2, 3), _ADAM),)))
+_LOOSE = (OptimizerSpec("sgd", (((0,), _SGD),)), OptimizerSpec("adam", (((1, 2), _ADAM),)))  # 3 is loose
 
 #: Flat worlds that touch each documented rule once: a user-frozen parameter, a shared parameter,
 #: a user change inside a block, an interrupt and a failing step, a block inside a statement toggle,
@@ -325,6 +326,9 @@ FLAT_EXAMPLES = (
     WorldSpec(_TWO, (), _SHARED, (Backward((0, 1)), Block(0, zero_grad=False, step=False), Block(1, fail="zero_grad"))),
     WorldSpec(_TWO, (), _SHARED, (Block(0, (SetRequiresGrad(0, False),)), Block(0), Block(1, (Backward((1,)),)))),
     WorldSpec(_TWO, (), _SHARED, (Block(0), Block(0, (EditRecord(3, "flip"),)), Block(1, (EditRecord(0, "replace"),)))),
+    # A key replaced by a loose parameter's, the values unchanged in order ([T, T, F]): only the keys
+    # tell that Lightning's untoggle no longer restores parameter 2, set trainable inside the block.
+    WorldSpec(_TWO, (2,), _LOOSE, (Block(0), Block(0, (SetRequiresGrad(2, True), EditRecord(2, "replace"))))),
 )
 #: Nested worlds: a block inside a block, a statement toggle left open inside a block.
 NESTED_EXAMPLES = (
