@@ -127,35 +127,6 @@ class _Plan:
         own = _params_of(inner)
         return len(own) == len(outside) and all(map(is_, own, outside))
 
-    def restoring(
-        self, opts: Sequence[Any], optimizer: Any, inner: Any, record: Any, vals: tuple[bool, ...]
-    ) -> tuple[bool, ...] | None:
-        """What Lightning's untoggle gives ``self.restore`` now, for a toggle that handed out a copy of
-        ``self.last_record`` (recorded ``vals``); ``None``: the plan cannot tell.
-
-        It can tell while the layout is the one it was built for (all that Lightning's untoggle reads,
-        and a little more) and ``record`` is still what was handed out:
-
-        * ``last_record == record`` (``dict_equal``, in C) looks every managed parameter up in
-          ``record`` exactly as Lightning's ``param in record`` / ``record[param]`` do: the same stored
-          hash (``Tensor.__hash__`` is ``id``), the same probing and key comparison; each value found
-          equals the recorded one. No ``Tensor.__hash__`` call, no iteration object.
-        * ``record``'s values are the very bools recorded, in order: so none is a non-bool equal to
-          one (``1 == True``: Lightning's untoggle would raise "requires_grad must be a bool"), and
-          each value found above *is* the recorded one.
-        """
-        if record.__class__ is not dict or vals != self.last_vals:
-            return None
-        seq = _layout(opts, optimizer, inner)
-        if (
-            len(seq) != len(self.seq)
-            or not all(map(is_, seq, self.seq))
-            or self.last_record != record  # each parameter found, with an equal value
-            or not all(map(is_, record.values(), vals))  # the values: the very bools recorded, in order
-        ):
-            return None
-        return self.restore_vals
-
     def record(self, vals: tuple[bool, ...]) -> dict[Any, bool]:
         """Lightning's ``_param_requires_grad_state`` for ``vals``; a dict copy when unchanged.
 
@@ -307,6 +278,48 @@ def _lightning_untoggle(opts: Sequence[Any], optimizer: Any, inner: Any, record:
                         param.requires_grad = record[param]
 
 
+def _untoggle_flat(module: Any, plan: _Plan, optimizer: Any, inner: Any, vals: tuple[bool, ...]) -> None:
+    """Lightning's ``untoggle_optimizer(optimizer)`` after a flat toggle that recorded ``vals`` and
+    handed out a copy of ``plan.last_record`` (``inner``: the torch optimizer in ``optimizer``).
+
+    The other optimizers' parameters get the value the record holds for them *now* (the user may have
+    edited it). The plan knows them while the layout is the one it was built for (all that Lightning's
+    untoggle reads, and a little more) and the record is still what was handed out:
+
+    * ``last_record == record`` (``dict_equal``, in C) looks every managed parameter up in the record
+      exactly as Lightning's ``param in record`` / ``record[param]`` do: the same stored hash
+      (``Tensor.__hash__`` is ``id``), the same probing and key comparison; each value found equals the
+      recorded one. No ``Tensor.__hash__`` call, no iteration object.
+    * the record's values are the very bools recorded, in order: so none is a non-bool equal to one
+      (``1 == True``: Lightning's untoggle would raise "requires_grad must be a bool"), and each value
+      found above *is* the recorded one.
+
+    Anything else changed inside the block is done the long way, over the current lists and record.
+    """
+    opts = module.trainer.optimizers
+    namespace = module.__dict__
+    record = namespace.get("_param_requires_grad_state")
+    restore = None
+    if record.__class__ is dict and vals == plan.last_vals:
+        try:
+            seq = _layout(opts, optimizer, inner)
+            if (
+                len(seq) == len(plan.seq)
+                and all(map(is_, seq, plan.seq))
+                and plan.last_record == record  # each parameter found, with an equal value
+                and all(map(is_, record.values(), vals))  # the values: the very bools recorded, in order
+            ):
+                restore = plan.restore_vals
+        except Exception:  # unreadable lists, a failing comparison: the long way raises what Lightning's does
+            restore = None
+    if restore is not None:
+        for p, was in zip(plan.restore, restore):
+            p.requires_grad = was
+    else:
+        _lightning_untoggle(opts, optimizer, inner, record)
+    namespace["_param_requires_grad_state"] = {}
+
+
 class Toggle(Generic[_OptT]):
     """What ``self.toggle_optimizer(optimizer, zero_grad=True, step=True)`` returns.
 
@@ -410,7 +423,22 @@ class Toggle(Generic[_OptT]):
             if exc_type is None and self._step:
                 self._optimizer.step()  # type: ignore[union-attr]
         finally:
-            self._close(self._state)  # type: ignore[arg-type]
+            state = self._state
+            assert state is not None
+            stack = state.stack
+            if stack and stack[-1] is self and not self._nested and self._sync is None:
+                # The usual block (flat, nothing left open inside, no gradient sync to resume): the
+                # untoggle without the general path's calls (this is every block's exit).
+                stack.pop()
+                self._phase = _CLOSED
+                module, plan, vals = self._module, self._plan, self._vals
+                optimizer, inner = self._optimizer, self._inner
+                self._module = self._optimizer = self._inner = self._plan = self._state = None
+                self._vals = self._record = None
+                assert plan is not None and vals is not None
+                _untoggle_flat(module, plan, optimizer, inner, vals)
+            else:
+                self._close(state)
         return False  # never swallow
 
     # -- leaving -----------------------------------------------------------------------------
@@ -451,22 +479,7 @@ class Toggle(Generic[_OptT]):
                         p.requires_grad = was
                 module.__dict__["_param_requires_grad_state"] = self._prev_record
             else:
-                # Lightning's untoggle: the other optimizers' parameters get the value the record
-                # holds for them *now* (the user may have edited it). The plan knows them while the
-                # optimizers' parameter lists and the record are as the toggle left them; anything
-                # changed inside the block is done the long way, over the current lists and record.
-                opts = module.trainer.optimizers
-                record = module.__dict__.get("_param_requires_grad_state")
-                try:
-                    vals = plan.restoring(opts, self._optimizer, self._inner, record, self._vals)
-                except Exception:  # unreadable lists: the long way raises Lightning's own error
-                    vals = None
-                if vals is not None:
-                    for p, was in zip(plan.restore, vals):
-                        p.requires_grad = was
-                else:
-                    _lightning_untoggle(opts, self._optimizer, self._inner, record)
-                module.__dict__["_param_requires_grad_state"] = {}
+                _untoggle_flat(module, plan, self._optimizer, self._inner, self._vals)
         finally:
             self._module = self._optimizer = self._inner = self._plan = self._state = None
             self._vals = self._entry = self._record = self._prev_record = None
