@@ -752,7 +752,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--body", choices=["grad", "none", "both"], default="both",
                    help="grad: set .grad on every toggled parameter so SGD steps for real; none: empty "
                         "body (default both)")
-    p.add_argument("--rounds", type=int, default=None, help="at most this many rounds per row (25; quick 7)")
+    p.add_argument("--rounds", type=int, default=None, help="at most this many rounds per row (75; quick 7)")
     p.add_argument("--min-rounds", type=int, default=None, help="at least this many rounds (11; quick 5)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="clock seconds per row that decide the rounds between the bounds (3; quick 0.5)")
@@ -767,7 +767,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile-top", type=int, default=15, help="rows of the overall profile table")
     p.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
     args = p.parse_args(argv)
-    args.rounds = args.rounds or (7 if args.quick else 25)
+    args.rounds = args.rounds or (7 if args.quick else 75)
     args.min_rounds = min(args.rounds, args.min_rounds or (5 if args.quick else 11))
     args.budget_s = args.budget_s or (0.5 if args.quick else 3.0)
     args.batch_ms = args.batch_ms or (3.0 if args.quick else 10.0)

@@ -113,19 +113,14 @@ class _Plan:
         self.last_record: dict[Any, bool] = {}  # that record (handed out as copies), and
         self.restore_vals: tuple[bool, ...] = ()  # the values Lightning's untoggle restores from it
 
-    def fits(self, seq: list[Any], inner: Any) -> bool:
-        """Whether ``seq`` (``_layout``) is still the layout this plan was built for."""
-        if (
-            len(seq) != len(self.seq)
-            or self.inner_id != id(inner)
-            or not all(map(is_, seq, self.seq))
-        ):
-            return False
+    def outside_changed(self, inner: Any) -> bool:
+        """Whether ``inner``, an optimizer outside ``trainer.optimizers``, no longer holds the parameters
+        this plan was built for (the rest of a plan's check is inline in ``_toggle_optimizer``)."""
         outside = self.outside
         if outside is None:
-            return True
+            return False
         own = _params_of(inner)
-        return len(own) == len(outside) and all(map(is_, own, outside))
+        return len(own) != len(outside) or not all(map(is_, own, outside))
 
     def record(self, vals: tuple[bool, ...]) -> dict[Any, bool]:
         """Lightning's ``_param_requires_grad_state`` for ``vals``; a dict copy when unchanged.
@@ -226,7 +221,7 @@ def _new_plan(
 
     Plans are cached by the id of the object passed (a ``LightningOptimizer`` and its torch
     optimizer are toggled alike but are different objects to Lightning's untoggle); ``Toggle``
-    reuses one only while ``_Plan.fits`` (an *identity* check: never ``==`` on tensors).
+    reuses one only for the very same layout (an *identity* check: never ``==`` on tensors).
     """
     _check_optimizer(optimizer)
     per_opt = [_params_of(opt) for opt in opts]
@@ -518,8 +513,14 @@ def _toggle_optimizer(
         _check_optimizer(optimizer)  # a clear TypeError for a non-optimizer, else the original error
         raise
     plan = state.plans.get(id(optimizer))
-    if plan is None or not plan.fits(seq, inner):  # validates; raises before any change
-        plan = _new_plan(module, state, seq, opts, optimizer, inner)
+    if (  # a cached plan is reused only for the very layout it was built for (by identity)
+        plan is None
+        or len(seq) != len(plan.seq)
+        or plan.inner_id != id(inner)
+        or not all(map(is_, seq, plan.seq))
+        or plan.outside_changed(inner)
+    ):
+        plan = _new_plan(module, state, seq, opts, optimizer, inner)  # validates; raises before any change
     # -- validated: from here on we change things --
     t: Toggle[_OptT] = _new(Toggle)
     t._module = module

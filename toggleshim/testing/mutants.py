@@ -165,8 +165,8 @@ SHIM: dict[str, tuple[str, str]] = {
         "            restored.update(id(p) for p in params if id(p) not in own_ids)",
     ),
     "cached plan ignores in-place parameter edits": (
-        "            or self.inner_id != id(inner)\n            or not all(map(is_, seq, self.seq))\n",
-        "            or self.inner_id != id(inner)\n",
+        "        or plan.inner_id != id(inner)\n        or not all(map(is_, seq, plan.seq))\n",
+        "        or plan.inner_id != id(inner)\n",
     ),
     "flat exit ignores edits made inside the block": (
         "            seq = _layout(opts, optimizer, inner)\n            if (",
