@@ -616,9 +616,10 @@ def _alive(refs: list[weakref.ref[Any]], kinds: dict[str, int]) -> dict[str, int
 
 
 def _holds(t: Any) -> tuple[dict[str, str], list[str]]:
-    """Non-None, non-bool slots of a Toggle, and its referents that could hold a parameter."""
+    """Slots of a Toggle that hold an object (not None, not a flag or its phase, an int), and its
+    referents that could hold a parameter."""
     slots = {s: getattr(t, s, None) for s in type(t).__slots__}
-    held = {k: type(v).__name__ for k, v in slots.items() if v is not None and not isinstance(v, bool)}
+    held = {k: type(v).__name__ for k, v in slots.items() if v is not None and not isinstance(v, int)}
     referents = [type(r).__name__ for r in gc.get_referents(t)
                  if isinstance(r, (torch.Tensor, nn.Module, torch.optim.Optimizer, dict, tuple, list))]
     return held, referents
