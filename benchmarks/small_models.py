@@ -16,8 +16,8 @@ Variants:
 * ``block``           the full block (toggle, zero_grad, body, step, untoggle)
 * ``manual``          Lightning's manual sequence
 * ``essential``       only the torch work any exact toggle does: read every ``requires_grad``, freeze
-                      the other optimizers' parameters, give them their values back (no checks, no
-                      record, no context manager)
+                      the other optimizers' parameters, give them their values back (True: every
+                      parameter of the fixture is trainable; no checks, no record, no context manager)
 * ``essential+step``  the same around ``opt.zero_grad(); body(); opt.step()``: the floor in place
 
 It prints each variant's time and the two numbers that explain the parity: what toggling costs
