@@ -95,6 +95,7 @@ import torch
 from torch import nn
 
 import toggleshim
+from toggleshim import _toggle
 
 try:
     from lightning.pytorch import LightningModule
@@ -305,8 +306,6 @@ def check_fixture(fx: Fixture) -> None:
     finally:
         fx.bodies = saved
     # the twin's toggled_optimizer ran Lightning's originals: toggleshim never saw the twin
-    from toggleshim import _toggle
-
     assert _toggle._state_if_any(fx.twin) is None, "toggled_optimizer went through toggleshim"
 
 
@@ -501,8 +500,6 @@ def run_ratios(args: argparse.Namespace, report: dict[str, Any]) -> str:
 @section("memory")
 def run_memory(args: argparse.Namespace, report: dict[str, Any]) -> str:
     """tracemalloc growth over many blocks (and statement toggles) after a warm-up."""
-    from toggleshim import _toggle
-
     n_opts = 2
     fx = make_fixture(args.mem_params, n_opts, "none")
     module, pairs = fx.module, list(zip(fx.opts, fx.bodies, strict=True))
@@ -796,7 +793,7 @@ def environment() -> dict[str, Any]:
     return {"python": platform.python_version(), "platform": platform.platform(),
             "torch": torch.__version__, "lightning": version("lightning"),
             "pytorch_lightning": version("pytorch-lightning"), "toggleshim": toggleshim.__version__,
-            "flavour": _FLAVOUR, "toggled_optimizer": HAS_TOGGLED,
+            "flavour": _FLAVOUR, "toggled_optimizer": HAS_TOGGLED, "kernels": _toggle.KERNELS,
             "torch_threads": torch.get_num_threads()}
 
 
@@ -819,7 +816,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     print("# toggleshim toggle benchmark\n")
     print(f"Python {env['python']}, torch {env['torch']}, lightning {env['lightning']}, "
-          f"toggleshim {env['toggleshim']} ({env['flavour']}), torch threads {env['torch_threads']}.")
+          f"toggleshim {env['toggleshim']} ({env['flavour']}, {env['kernels']} kernels), "
+          f"torch threads {env['torch_threads']}.")
     command = " ".join(["python benchmarks/bench_toggle.py", *(argv if argv is not None else sys.argv[1:])])
     print(f"Command: `{command}`\n")
     for name in args.sections:

@@ -5,7 +5,9 @@
 
 Each mutant runs ``pytest property_tests -x`` in a fresh process with ``TOGGLESHIM_MUTANT`` set
 (the root conftest plants it) under the ``mutants`` profile: the ``ci`` examples without shrinking
-(a caught mutant needs no minimal example). The score is caught / planted; the unaltered run must pass.
+(a caught mutant needs no minimal example). The shim's mutants edit ``_toggle.py``, whose Python
+kernels stand in for the C ones: they run with ``TOGGLESHIM_PURE_PYTHON=1``. The score is caught /
+planted; the unaltered run must pass (with the C kernels).
 Prints a Markdown table (``--json PATH`` for a machine-readable copy).
 """
 
@@ -28,8 +30,13 @@ from toggleshim.testing.mutants import LIGHTNING, SHIM  # noqa: E402
 def run(mutant: str | None, flavour: str) -> tuple[bool, float, str]:
     env = {**os.environ, "HYPOTHESIS_PROFILE": "mutants", "TOGGLESHIM_FLAVOUR": flavour}
     env.pop("TOGGLESHIM_MUTANT", None)
+    env.pop("TOGGLESHIM_PURE_PYTHON", None)
     if mutant:
         env["TOGGLESHIM_MUTANT"] = mutant
+    if mutant in SHIM:
+        # The shim's mutants edit the Python source, the kernels included: run the Python kernels
+        # (the C ones do exactly the same: tests/test_speedups.py, scripts/speedups_mutants.py).
+        env["TOGGLESHIM_PURE_PYTHON"] = "1"
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "property_tests", "-x", "-q", "-p", "no:randomly", "-n", "auto"],

@@ -176,6 +176,7 @@ def _versions() -> dict[str, str]:
 def check(examples: int, seed: int, flavours: list[str] | None, json_path: str | None, only: list[str] | None) -> int:
     import toggleshim
     from toggleshim._patch import _flavours
+    from toggleshim._toggle import KERNELS
     from toggleshim.testing import installed_flavours
 
     out = sys.stderr if json_path == "-" else sys.stdout
@@ -197,7 +198,10 @@ def check(examples: int, seed: int, flavours: list[str] | None, json_path: str |
     progress = _Progress(total, out)
     versions = _versions()
     progress.line("toggleshim check: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
-    progress.line(f"flavours: {', '.join(names) or 'none found'}; {examples} examples a property; seed {seed}")
+    progress.line(
+        f"flavours: {', '.join(names) or 'none found'}; {examples} examples a property; seed {seed}; "
+        f"{KERNELS} kernels"
+    )
     start = time.perf_counter()
     results: list[_Result] = []
     for flavour in names:
@@ -229,6 +233,7 @@ def check(examples: int, seed: int, flavours: list[str] | None, json_path: str |
             "flavours": names,
             "examples": examples,
             "seed": seed,
+            "kernels": KERNELS,
             "seconds": round(elapsed, 2),
             "ok": not failed,
             "properties": [r.__dict__ for r in results],

@@ -18,6 +18,7 @@ Semantics in one place (see README, "Semantics"):
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from itertools import chain
@@ -46,8 +47,21 @@ def _picker(indices: Sequence[int]) -> Callable[[tuple[bool, ...]], tuple[bool, 
 
 _new = object.__new__
 _MADE, _OPEN, _CLOSED = 0, 1, 2  # a Toggle's phase: toggled (a statement, or not entered yet), in its block, undone
-_TOGGLED = object()  # in a layout: the next optimizer is the toggled one (Lightning's untoggle skips it)
-_END = object()  # in a layout: the end of one optimizer's parameters
+
+# The flat block's kernels: the C ones (toggleshim/_speedups.c) when built and not switched off with
+# TOGGLESHIM_PURE_PYTHON=1, else the Python ones below (the reference: the C ones do exactly this).
+_speedups: Any = None
+if os.environ.get("TOGGLESHIM_PURE_PYTHON", "") in ("", "0"):
+    try:
+        from toggleshim import _speedups
+    except ImportError:  # built without a compiler: the Python kernels, same behaviour
+        _speedups = None
+KERNELS = "python" if _speedups is None else "C"  # reported by `python -m toggleshim check`
+
+# In a layout: the next optimizer is the toggled one (Lightning's untoggle skips it); the end of one
+# optimizer's parameters. Plain sentinels, shared with the C kernels.
+_TOGGLED: Any = object() if _speedups is None else _speedups.TOGGLED
+_END: Any = object() if _speedups is None else _speedups.END
 
 
 def _layout(opts: Sequence[Any], optimizer: Any, inner: Any) -> list[Any]:
@@ -65,6 +79,81 @@ def _layout(opts: Sequence[Any], optimizer: Any, inner: Any) -> list[Any]:
             seq += group["params"]
         seq.append(_END)
     return seq
+
+
+def _py_enter_flat(
+    opts: Sequence[Any],
+    optimizer: Any,
+    inner: Any,
+    seq: tuple[Any, ...],
+    managed: tuple[Any, ...],
+    free: tuple[Any, ...],
+) -> list[Any] | tuple[bool, ...]:
+    """A flat toggle's work for a cached plan (``seq``, ``managed``, ``free``: the plan's).
+
+    Reads the layout once. If it is not ``seq``, returns it (a list; nothing changed: the caller
+    builds a plan for it). Else reads every managed parameter's ``requires_grad`` (returned, a tuple)
+    and freezes the ``free`` ones in order, as Lightning does (an error stops there, as in Lightning).
+    """
+    now = _layout(opts, optimizer, inner)
+    if len(now) != len(seq) or not all(map(is_, now, seq)):
+        return now
+    vals = tuple(map(_requires_grad, managed))
+    for p in free:  # as Lightning: every managed parameter but the toggled ones, frozen
+        p.requires_grad = False
+    return vals
+
+
+def _py_leave_flat(
+    opts: Sequence[Any],
+    optimizer: Any,
+    inner: Any,
+    record: Any,
+    vals: tuple[bool, ...],
+    seq: tuple[Any, ...],
+    last_vals: tuple[bool, ...] | None,
+    last_record: dict[Any, bool],
+    restore: tuple[Any, ...],
+    restore_vals: tuple[bool, ...],
+) -> bool:
+    """Lightning's untoggle after a flat toggle that recorded ``vals`` and handed out a copy of
+    ``last_record`` (the plan's, as are ``seq``, ``last_vals``, ``restore``, ``restore_vals``), when
+    nothing it reads changed: then gives ``restore`` the values ``restore_vals`` and returns True.
+    Returns False, having changed nothing, when anything did (the caller takes the long way).
+
+    The check, with no ``Tensor.__hash__`` call and no iteration object:
+
+    * the layout (read once) is still ``seq``: all that Lightning's untoggle reads of the optimizers;
+    * ``last_record == record`` (``dict_equal``, in C) looks every managed parameter up in the record
+      exactly as Lightning's ``param in record`` / ``record[param]`` do: the same stored hash
+      (``Tensor.__hash__`` is ``id``), the same probing and key comparison; each value found equals the
+      recorded one;
+    * the record's values are the very bools recorded, in order: so none is a non-bool equal to one
+      (``1 == True``: Lightning's untoggle would raise "requires_grad must be a bool"), and each value
+      found above *is* the recorded one.
+    """
+    if record.__class__ is not dict or vals != last_vals:
+        return False
+    try:
+        now = _layout(opts, optimizer, inner)
+        if (
+            len(now) != len(seq)
+            or not all(map(is_, now, seq))
+            or last_record != record  # each parameter found, with an equal value
+            or not all(map(is_, record.values(), vals))  # the values: the very bools recorded, in order
+        ):
+            return False
+    except Exception:  # unreadable lists, a failing comparison: the long way raises what Lightning's does
+        return False
+    for p, was in zip(restore, restore_vals):
+        p.requires_grad = was
+    return True
+
+
+_enter_flat: Callable[..., list[Any] | tuple[bool, ...]] = (
+    _py_enter_flat if _speedups is None else _speedups.enter_flat
+)
+_leave_flat: Callable[..., bool] = _py_leave_flat if _speedups is None else _speedups.leave_flat
 
 
 class _Plan:
@@ -278,39 +367,16 @@ def _untoggle_flat(module: Any, plan: _Plan, optimizer: Any, inner: Any, vals: t
     handed out a copy of ``plan.last_record`` (``inner``: the torch optimizer in ``optimizer``).
 
     The other optimizers' parameters get the value the record holds for them *now* (the user may have
-    edited it). The plan knows them while the layout is the one it was built for (all that Lightning's
-    untoggle reads, and a little more) and the record is still what was handed out:
-
-    * ``last_record == record`` (``dict_equal``, in C) looks every managed parameter up in the record
-      exactly as Lightning's ``param in record`` / ``record[param]`` do: the same stored hash
-      (``Tensor.__hash__`` is ``id``), the same probing and key comparison; each value found equals the
-      recorded one. No ``Tensor.__hash__`` call, no iteration object.
-    * the record's values are the very bools recorded, in order: so none is a non-bool equal to one
-      (``1 == True``: Lightning's untoggle would raise "requires_grad must be a bool"), and each value
-      found above *is* the recorded one.
-
-    Anything else changed inside the block is done the long way, over the current lists and record.
+    edited it): from the plan while the layout and the record are what the toggle left
+    (``_leave_flat``), else the long way, over the current lists and record.
     """
     opts = module.trainer.optimizers
     namespace = module.__dict__
     record = namespace.get("_param_requires_grad_state")
-    restore = None
-    if record.__class__ is dict and vals == plan.last_vals:
-        try:
-            seq = _layout(opts, optimizer, inner)
-            if (
-                len(seq) == len(plan.seq)
-                and all(map(is_, seq, plan.seq))
-                and plan.last_record == record  # each parameter found, with an equal value
-                and all(map(is_, record.values(), vals))  # the values: the very bools recorded, in order
-            ):
-                restore = plan.restore_vals
-        except Exception:  # unreadable lists, a failing comparison: the long way raises what Lightning's does
-            restore = None
-    if restore is not None:
-        for p, was in zip(plan.restore, restore):
-            p.requires_grad = was
-    else:
+    last = plan.last_record
+    if not _leave_flat(
+        opts, optimizer, inner, record, vals, plan.seq, plan.last_vals, last, plan.restore, plan.restore_vals
+    ):
         _lightning_untoggle(opts, optimizer, inner, record)
     namespace["_param_requires_grad_state"] = {}
 
@@ -507,21 +573,35 @@ def _toggle_optimizer(
     wrapped = _IS_WRAPPER.get(optimizer.__class__)
     inner = optimizer if wrapped is False else _unwrap(optimizer)  # _unwrap, inlined for a torch optimizer
     opts = trainer.optimizers
+    stack = state.stack
+    plan = state.plans.get(id(optimizer))
     try:
-        seq = _layout(opts, optimizer, inner)
+        if plan is not None and not stack and plan.outside is None and plan.inner_id == id(inner):
+            # The usual toggle: flat, a cached plan. Reads the layout once; toggles if it is the plan's.
+            got = _enter_flat(opts, optimizer, inner, plan.seq, plan.managed, plan.free)
+        else:
+            got = _layout(opts, optimizer, inner)
     except Exception:
         _check_optimizer(optimizer)  # a clear TypeError for a non-optimizer, else the original error
         raise
-    plan = state.plans.get(id(optimizer))
-    if (  # a cached plan is reused only for the very layout it was built for (by identity)
-        plan is None
-        or len(seq) != len(plan.seq)
-        or plan.inner_id != id(inner)
-        or not all(map(is_, seq, plan.seq))
-        or plan.outside_changed(inner)
-    ):
-        plan = _new_plan(module, state, seq, opts, optimizer, inner)  # validates; raises before any change
-    # -- validated: from here on we change things --
+    if got.__class__ is tuple:
+        vals: tuple[bool, ...] = got
+        assert plan is not None
+    else:  # the layout, read; nothing changed yet
+        seq: list[Any] = got  # type: ignore[assignment]
+        if (  # a cached plan is reused only for the very layout it was built for (by identity)
+            plan is None
+            or len(seq) != len(plan.seq)
+            or plan.inner_id != id(inner)
+            or not all(map(is_, seq, plan.seq))
+            or plan.outside_changed(inner)
+        ):
+            plan = _new_plan(module, state, seq, opts, optimizer, inner)  # validates; raises before any change
+        # -- validated: from here on we change things --
+        vals = tuple(map(_requires_grad, plan.managed))
+        if not stack:
+            for p in plan.free:  # as Lightning: every managed parameter but the toggled ones, frozen
+                p.requires_grad = False
     t: Toggle[_OptT] = _new(Toggle)
     t._module = module
     t._state = state
@@ -534,19 +614,16 @@ def _toggle_optimizer(
     t._sync = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)
     t._plan = plan
     t._phase = _MADE
-    vals: tuple[bool, ...] = tuple(map(_requires_grad, plan.managed))
-    outer = state.stack[-1] if state.stack else None
-    if outer is None:
+    if not stack:
         t._nested = False
         t._entry = None
         user = vals
-        for p in plan.free:  # as Lightning: every managed parameter but the toggled ones, frozen
-            p.requires_grad = False
         # plan.record(vals), inlined for the usual case: the same values as last time
         record = plan.last_record.copy() if vals == plan.last_vals else plan.record(vals)
     else:
         # Nested: toggle from the user's view. Parameters the enclosing toggle left live show the
         # user's current wish; the ones it froze show what it recorded.
+        outer = stack[-1]
         t._nested = True
         t._entry = vals
         t._prev_record = module.__dict__.get("_param_requires_grad_state")
@@ -556,7 +633,7 @@ def _toggle_optimizer(
             if now is not target:
                 p.requires_grad = target
         record = dict(zip(plan.managed, user))
-        state.stack.append(t)
+        stack.append(t)
     t._vals = user
     t._record = record
     # Lightning assigns through nn.Module.__setattr__, which stores a dict in __dict__ (10x slower).
