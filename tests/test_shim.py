@@ -636,6 +636,32 @@ def test_bad_flags_are_rejected(flavour: str) -> None:
     assert state(module) == before
 
 
+def test_failing_strategy_for_sync_grad_false_propagates_and_changes_nothing(flavour: str) -> None:
+    """``sync_grad=False`` reads ``trainer.strategy``: if that fails, it fails before any change,
+    for a first toggle (a new plan) and for a cached plan (the fast path) alike."""
+    module = three_heads(flavour, frozen=True)
+    err = RuntimeError("no strategy here")
+
+    class Trainer:
+        optimizers = module.opts
+
+        @property
+        def strategy(self) -> Any:
+            raise err
+
+    module._trainer = Trainer()
+    before = state(module)
+    for _ in range(2):  # the second toggle takes the cached plan
+        with pytest.raises(RuntimeError) as info:
+            module.toggle_optimizer(module.opts[0], sync_grad=False)
+        assert info.value is err
+        assert state(module) == before
+        assert not module.__dict__.get("_param_requires_grad_state")
+        with module.toggle_optimizer(module.opts[0], zero_grad=False, step=False):  # builds/uses the plan
+            pass
+        assert state(module) == before
+
+
 def test_unattached_module_keeps_lightnings_message(flavour: str) -> None:
     module = pl(flavour).LightningModule()
     opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)

@@ -573,6 +573,9 @@ def _toggle_optimizer(
     wrapped = _IS_WRAPPER.get(optimizer.__class__)
     inner = optimizer if wrapped is False else _unwrap(optimizer)  # _unwrap, inlined for a torch optimizer
     opts = trainer.optimizers
+    # Without gradient sync (DDP micro-batches) the block runs inside the strategy's no_sync,
+    # entered with the block and left on every exit (toggle_model also leaves the toggle on errors).
+    sync = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)
     stack = state.stack
     plan = state.plans.get(id(optimizer))
     try:
@@ -609,9 +612,7 @@ def _toggle_optimizer(
     t._inner = inner
     t._zero_grad = zero_grad
     t._step = step
-    # Without gradient sync (DDP micro-batches) the block runs inside the strategy's no_sync,
-    # entered with the block and left on every exit (toggle_model also leaves the toggle on errors).
-    t._sync = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)
+    t._sync = sync
     t._plan = plan
     t._phase = _MADE
     if not stack:
