@@ -13,6 +13,8 @@ the suite runs whole programs through whichever kernels are in use (`.ci/run` ru
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -461,3 +463,58 @@ def test_c_kernels_reject_non_tuples() -> None:
         _speedups.enter_flat([], None, None, [], (), ())
     with pytest.raises(TypeError, match="argument 9 must be a tuple"):
         _speedups.leave_flat([], None, None, {}, (), (), (), {}, [], ())
+
+
+GC_DURING_READ = '''
+import gc, importlib.util, sys
+spec = importlib.util.spec_from_file_location("toggleshim._speedups", sys.argv[1])  # the built file alone
+S = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(S)
+
+class P:
+    requires_grad = True
+
+class Finalizer:  # cyclic garbage: its __del__ runs in the collector, and empties the list being read
+    def __init__(self, target):
+        self.target, self.me = target, self
+
+    def __del__(self):
+        self.target.clear()
+
+class Group(dict):
+    def __getitem__(self, key):
+        params = dict.__getitem__(self, key)
+        Finalizer(params)
+        return params
+
+class Opt:
+    def __init__(self, groups):
+        self.param_groups = groups
+
+lengths = set()
+for _ in range(100):
+    params = [P() for _ in range(50)]
+    opt = Opt([Group(params=params)])
+    seq = (S.TOGGLED, *params[:3], object(), S.END)  # the plan's layout differs at the fourth item
+    gc.collect()
+    gc.set_threshold(1)  # the first allocation after the mismatch runs the collector
+    try:
+        layout = S.enter_flat([opt], opt, opt, seq, (), ())
+    finally:
+        gc.set_threshold(700, 10, 10)
+    lengths.add(len(layout))
+print(sorted(lengths))
+'''
+
+
+def test_c_layout_read_survives_a_finalizer_that_changes_the_list() -> None:
+    """After a mismatch the C reader allocates, which may run the collector and finalizers that
+    change the list being read: it must re-read the list (an earlier version kept a pointer into
+    the list's items and crashed here). In a subprocess: a crash is a failure, not a dead worker."""
+    _kernels()
+    assert _speedups is not None
+    proc = subprocess.run([sys.executable, "-X", "dev", "-c", GC_DURING_READ, _speedups.__file__],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # the marker, three matching items, the item in hand at the mismatch, the end marker
+    assert proc.stdout.strip() == "[6]"

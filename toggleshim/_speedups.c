@@ -72,12 +72,21 @@ layout_against(PyObject *opts, PyObject *optimizer, PyObject *inner, PyObject *s
                 if (params == NULL)
                     goto error;
             }
-            /* No Python code runs while the items are compared: the list cannot change under us. */
-            Py_ssize_t n = PySequence_Fast_GET_SIZE(params);
-            PyObject **items = PySequence_Fast_ITEMS(params);
-            for (Py_ssize_t i = 0; i < n; i++)
-                if (push(seq, &k, &built, items[i]) < 0)
+            /* While the items match, nothing is allocated and no Python code runs. After a mismatch
+             * ``push`` allocates, which may run the cyclic GC and finalizers that change the list:
+             * its size and items are read afresh each time and the item is held while pushed. */
+            for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(params); i++) {
+                PyObject *item = PySequence_Fast_ITEMS(params)[i];
+                if (built == NULL && k < PyTuple_GET_SIZE(seq) && PyTuple_GET_ITEM(seq, k) == item) {
+                    k++;
+                    continue;
+                }
+                Py_INCREF(item);
+                int pushed = push(seq, &k, &built, item);
+                Py_DECREF(item);
+                if (pushed < 0)
                     goto error;
+            }
             Py_CLEAR(params);
         }
         Py_CLEAR(git);
