@@ -331,16 +331,13 @@ PY_MARKERS = (_toggle._TOGGLED, _toggle._END)
 C_MARKERS = (getattr(_speedups, "TOGGLED", None), getattr(_speedups, "END", None))
 
 
-def twins(sc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    py, c = build(sc, PY_MARKERS), build(sc, C_MARKERS)
-    py_plan, c_plan = plan_of(py), plan_of(c)
-    if py_plan is None or c_plan is None:  # the plan cannot be read: give the kernels one that fits nothing
-        py_plan = ((), (), ())
-        c_plan = ((), (), ())
-    py["plan"], c["plan"] = py_plan, c_plan
-    edit(py, sc)
-    edit(c, sc)
-    return py, c
+def twins(sc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The world of ``sc`` built for the Python kernels and for the C ones, planned, then edited."""
+    pair = build(sc, PY_MARKERS), build(sc, C_MARKERS)
+    for b in pair:
+        b["plan"] = plan_of(b) or ((), (), ())  # a plan that cannot be read: one that fits nothing
+        edit(b, sc)
+    return pair
 
 
 def _kernels() -> tuple[Any, Any]:
@@ -352,9 +349,7 @@ def _kernels() -> tuple[Any, Any]:
 @given(scenarios())
 def test_enter_flat_in_c_is_the_python_reference(sc: dict[str, Any]) -> None:
     c_enter, _ = _kernels()
-    pair = twins(sc)
-    assert pair is not None
-    py, c = pair
+    py, c = twins(sc)
 
     def run(b: dict[str, Any], kernel: Any) -> dict[str, Any]:
         seq, managed, free = b["plan"]
@@ -407,9 +402,7 @@ def record_for(b: dict[str, Any], sc: dict[str, Any], vals: tuple[bool, ...]) ->
 @given(scenarios())
 def test_leave_flat_in_c_is_the_python_reference(sc: dict[str, Any]) -> None:
     _, c_leave = _kernels()
-    pair = twins(sc)
-    assert pair is not None
-    py, c = pair
+    py, c = twins(sc)
 
     def run(b: dict[str, Any], kernel: Any) -> dict[str, Any]:
         seq, managed, _free = b["plan"]
