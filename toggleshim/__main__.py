@@ -176,7 +176,6 @@ def _versions() -> dict[str, str]:
 def check(examples: int, seed: int, flavours: list[str] | None, json_path: str | None, only: list[str] | None) -> int:
     import toggleshim
     from toggleshim._patch import _flavours
-    from toggleshim._toggle import KERNELS
     from toggleshim.testing import installed_flavours
 
     out = sys.stderr if json_path == "-" else sys.stdout
@@ -199,8 +198,7 @@ def check(examples: int, seed: int, flavours: list[str] | None, json_path: str |
     versions = _versions()
     progress.line("toggleshim check: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     progress.line(
-        f"flavours: {', '.join(names) or 'none found'}; {examples} examples a property; seed {seed}; "
-        f"{KERNELS} kernels"
+        f"flavours: {', '.join(names) or 'none found'}; {examples} examples a property; seed {seed}"
     )
     start = time.perf_counter()
     results: list[_Result] = []
@@ -233,7 +231,6 @@ def check(examples: int, seed: int, flavours: list[str] | None, json_path: str |
             "flavours": names,
             "examples": examples,
             "seed": seed,
-            "kernels": KERNELS,
             "seconds": round(elapsed, 2),
             "ok": not failed,
             "properties": [r.__dict__ for r in results],

@@ -71,12 +71,7 @@ def _loaded(name: str, dist: str) -> _Flavour | None:
 
 def _flavours() -> list[_Flavour]:
     """Every Lightning flavour already imported (the others are patched by the import hook)."""
-    found = [f for f in (_loaded(name, dist) for name, dist in _FLAVOURS) if f is not None]
-    for flavour in found:
-        if flavour.optimizer_cls not in _toggle._LIGHTNING_OPTIMIZERS:
-            _toggle._LIGHTNING_OPTIMIZERS.append(flavour.optimizer_cls)
-            _toggle._IS_WRAPPER.clear()
-    return found
+    return [f for f in (_loaded(name, dist) for name, dist in _FLAVOURS) if f is not None]
 
 
 _HOOKED = frozenset(f"{name}.core.module" for name, _ in _FLAVOURS)

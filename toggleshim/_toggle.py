@@ -1,27 +1,37 @@
-"""The toggle: Lightning's ``toggle_optimizer`` done exactly, fast, and as a context manager.
+"""The toggle: Lightning's ``toggle_optimizer`` done exactly, and as a context manager.
 
-Where the reference lives: ``toggleshim.testing.model`` is the plain-Python model of these
-semantics; this file is the fast implementation the property suite checks against it and
-against Lightning's own methods.
+The reference is ``toggleshim.testing.model``, the plain-Python model of these semantics; the
+property suite checks this file against it and against Lightning's own methods.
 
-Semantics in one place (see README, "Semantics"):
+Semantics (README, "Semantics"):
 
-* *Flat* toggle (no block of this module is open): exactly Lightning's ``toggle_optimizer``.
-  Every parameter held by ``trainer.optimizers`` is recorded and frozen, then the toggled
-  optimizer's parameters get their recorded value back; the record is stored as
-  ``module._param_requires_grad_state``. The flat block's exit is exactly Lightning's
-  ``untoggle_optimizer`` (parameters of the *other* optimizers get their recorded value back).
-* *Nested* toggle (inside an open block): the same toggle, but taken from the *user's* view,
-  not from the frozen state around it; leaving restores exactly the state found on entry.
-* Nothing changes before the input is validated; exceptions are never swallowed.
+* *Flat* toggle (no block of this module is open): exactly Lightning's ``toggle_optimizer``. Every
+  parameter held by ``trainer.optimizers`` is recorded and frozen, then the toggled optimizer's
+  parameters get their recorded value back; the record is ``module._param_requires_grad_state``.
+  A flat block's exit is exactly Lightning's ``untoggle_optimizer``: the *other* optimizers'
+  parameters get the value the record holds for them at the exit.
+* *Nested* toggle (inside an open block): the same toggle, taken from the *user's* view rather than
+  from the frozen state around it; leaving restores exactly the state found on entry.
+
+Robustness rules, each kept by a test (README, "Guarantees"):
+
+* Nothing changes before the input is validated; exceptions propagate unchanged, never swallowed.
+* ``requires_grad`` changes are all or nothing: a toggle that fails or is interrupted (Ctrl-C at any
+  line) undoes what it wrote; an untoggle that fails or is interrupted still makes every other write.
+* Nothing here keeps a module, optimizer, parameter or class alive: per-module state dies with its
+  module, a cached plan holds only integers, a closed toggle holds nothing.
+
+Where to read: ``_toggle_optimizer`` (the toggle), ``Toggle.__exit__`` and ``Toggle._close`` (the
+block's exit paths), ``Toggle._user_view`` (the nesting rule).
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
+import sys
 import weakref
-from collections.abc import Callable, Sequence
-from itertools import chain
+from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
 from operator import attrgetter, is_, itemgetter
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar
@@ -30,214 +40,103 @@ __all__ = ["Toggle", "toggle"]
 
 _OptT = TypeVar("_OptT")
 _requires_grad = attrgetter("requires_grad")
+_RECORD = "_param_requires_grad_state"  # Lightning's name for the record, on the module
+_MISSING: Any = object()
+_new = object.__new__  # a Toggle is made without calling Toggle.__new__ (which toggles)
+_MADE, _OPEN, _CLOSED = 0, 1, 2  # a Toggle's phase: toggled (statement, or not entered yet), in its block, undone
 
-# LightningOptimizer classes of every installed flavour, filled by ``_patch`` (unwrapping needs them).
-_LIGHTNING_OPTIMIZERS: list[type] = []
-
-
-def _picker(indices: Sequence[int]) -> Callable[[tuple[bool, ...]], tuple[bool, ...]]:
-    """A C-speed ``lambda vals: tuple(vals[i] for i in indices)`` (``itemgetter`` has odd arities)."""
-    if not indices:
-        return lambda vals: ()
-    if len(indices) == 1:
-        (only,) = indices
-        return lambda vals: (vals[only],)
-    return itemgetter(*indices)
-
-
-_new = object.__new__
-_MADE, _OPEN, _CLOSED = 0, 1, 2  # a Toggle's phase: toggled (a statement, or not entered yet), in its block, undone
-
-# The flat block's kernels: the C ones (toggleshim/_speedups.c) when built and not switched off with
-# TOGGLESHIM_PURE_PYTHON=1, else the Python ones below (the reference: the C ones do exactly this).
-_speedups: Any = None
-if os.environ.get("TOGGLESHIM_PURE_PYTHON", "") in ("", "0"):
-    try:
-        from toggleshim import _speedups
-    except ImportError:  # built without a compiler: the Python kernels, same behaviour
-        _speedups = None
-KERNELS = "python" if _speedups is None else "C"  # reported by `python -m toggleshim check`
-
-# In a layout: the next optimizer is the toggled one (Lightning's untoggle skips it); the end of one
-# optimizer's parameters. Plain sentinels, shared with the C kernels.
-_TOGGLED: Any = object() if _speedups is None else _speedups.TOGGLED
-_END: Any = object() if _speedups is None else _speedups.END
+# Markers in a layout (see _layout).
+_TOGGLED: Any = object()
+_END: Any = object()
+_OUTSIDE: Any = object()
 
 
 def _layout(opts: Sequence[Any], optimizer: Any, inner: Any) -> list[Any]:
-    """All that toggling ``optimizer`` (``inner``: the torch optimizer in it) reads from ``opts``:
-    every optimizer's parameters in Lightning's iteration order, each optimizer's ended by ``_END``
-    and preceded by ``_TOGGLED`` when it is the toggled one (``is optimizer or is inner``, Lightning's
-    test). Two layouts are the same iff they are identical item by item; then Lightning's toggle and
-    untoggle do the same on both (which optimizer *objects* hold the lists does not matter to them).
+    """All that Lightning's toggle and untoggle read of the optimizers, in their order.
+
+    Every optimizer's parameters, each optimizer's ended by ``_END`` and preceded by ``_TOGGLED`` when
+    it is the toggled one (``is optimizer or is inner``, Lightning's test). An ``optimizer`` that is
+    not one of ``opts`` adds ``_OUTSIDE`` and its own parameters at the end.
     """
     seq: list[Any] = []
+    outside = True
     for opt in opts:
         if opt is optimizer or opt is inner:
             seq.append(_TOGGLED)
+            outside = False
         for group in opt.param_groups:
             seq += group["params"]
         seq.append(_END)
+    if outside:
+        seq.append(_OUTSIDE)
+        for group in optimizer.param_groups:
+            seq += group["params"]
     return seq
 
 
-def _py_enter_flat(
-    opts: Sequence[Any],
-    optimizer: Any,
-    inner: Any,
-    seq: tuple[Any, ...],
-    managed: tuple[Any, ...],
-    free: tuple[Any, ...],
-) -> list[Any] | tuple[bool, ...]:
-    """A flat toggle's work for a cached plan (``seq``, ``managed``, ``free``: the plan's).
-
-    Reads the layout once. If it is not ``seq``, returns it (a list; nothing changed: the caller
-    builds a plan for it). Else reads every managed parameter's ``requires_grad`` (returned, a tuple)
-    and freezes the ``free`` ones in order, as Lightning does (an error stops there, as in Lightning).
-    """
-    now = _layout(opts, optimizer, inner)
-    if len(now) != len(seq) or not all(map(is_, now, seq)):
-        return now
-    vals = tuple(map(_requires_grad, managed))
-    for p in free:  # as Lightning: every managed parameter but the toggled ones, frozen
-        p.requires_grad = False
-    return vals
-
-
-def _py_leave_flat(
-    opts: Sequence[Any],
-    optimizer: Any,
-    inner: Any,
-    record: Any,
-    vals: tuple[bool, ...],
-    seq: tuple[Any, ...],
-    last_vals: tuple[bool, ...] | None,
-    last_record: dict[Any, bool],
-    restore: tuple[Any, ...],
-    restore_vals: tuple[bool, ...],
-) -> bool:
-    """Lightning's untoggle after a flat toggle that recorded ``vals`` and handed out a copy of
-    ``last_record`` (the plan's, as are ``seq``, ``last_vals``, ``restore``, ``restore_vals``), when
-    nothing it reads changed: then gives ``restore`` the values ``restore_vals`` and returns True.
-    Returns False, having changed nothing, when anything did (the caller takes the long way).
-
-    The check, with no ``Tensor.__hash__`` call and no iteration object:
-
-    * the layout (read once) is still ``seq``: all that Lightning's untoggle reads of the optimizers;
-    * ``last_record == record`` (``dict_equal``, in C) looks every managed parameter up in the record
-      exactly as Lightning's ``param in record`` / ``record[param]`` do: the same stored hash
-      (``Tensor.__hash__`` is ``id``), the same probing and key comparison; each value found equals the
-      recorded one;
-    * the record's values are the very bools recorded, in order: so none is a non-bool equal to one
-      (``1 == True``: Lightning's untoggle would raise "requires_grad must be a bool"), and each value
-      found above *is* the recorded one.
-    """
-    if record.__class__ is not dict or vals != last_vals:
-        return False
-    try:
-        now = _layout(opts, optimizer, inner)
-        if (
-            len(now) != len(seq)
-            or not all(map(is_, now, seq))
-            or last_record != record  # each parameter found, with an equal value
-            or not all(map(is_, record.values(), vals))  # the values: the very bools recorded, in order
-        ):
-            return False
-    except Exception:  # unreadable lists, a failing comparison: the long way raises what Lightning's does
-        return False
-    for p, was in zip(restore, restore_vals):
-        p.requires_grad = was
-    return True
-
-
-_enter_flat: Callable[..., list[Any] | tuple[bool, ...]] = (
-    _py_enter_flat if _speedups is None else _speedups.enter_flat
-)
-_leave_flat: Callable[..., bool] = _py_leave_flat if _speedups is None else _speedups.leave_flat
+def _picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """``lambda seq: tuple(seq[i] for i in indices)`` at C speed (``itemgetter`` has odd arities)."""
+    if not indices:
+        return lambda seq: ()
+    if len(indices) == 1:
+        (only,) = indices
+        return lambda seq: (seq[only],)
+    return itemgetter(*indices)
 
 
 class _Plan:
-    """Everything about toggling one optimizer that depends only on *which* parameters are where.
+    """How a toggle reads one layout: which items are the managed parameters (first occurrences, in
+    Lightning's order), which of them it freezes, which the untoggle restores.
 
-    Built once per (module, optimizer, parameter layout) and reused while the layout is unchanged,
-    so the hot path is a handful of C-level passes instead of Lightning's tensor-keyed dict work.
-    The layout is every parameter each of ``trainer.optimizers`` holds, by identity, in order, and
-    which optimizer is the toggled one (``seq``, see ``_layout``; held: no parameter in it can die and
-    have its id reused while the plan exists). How parameters are split into groups does not matter.
+    It depends only on *which positions of the layout hold the same object*, so it is cached by the
+    layout's ``id``s (all alive while compared, hence distinct) and holds integers only: a plan keeps
+    nothing alive. Built once per layout; the hot path is then a few C-level passes.
     """
 
-    __slots__ = (
-        "free",
-        "inner_id",
-        "last_record",
-        "last_vals",
-        "managed",
-        "outside",
-        "own_mask",
-        "pick_restore",
-        "restore",
-        "restore_vals",
-        "seq",
-    )
+    __slots__ = ("free", "managed", "own_mask", "restore")
 
-    def __init__(
-        self,
-        seq: tuple[Any, ...],
-        inner_id: int,
-        outside: tuple[Any, ...] | None,
-        managed: tuple[Any, ...],
-        own_mask: tuple[bool, ...],
-        restore_idx: list[int],
-    ) -> None:
-        self.seq = seq
-        self.inner_id = inner_id
-        self.outside = outside  # the toggled optimizer's parameters when it is not a trainer optimizer
-        self.managed = managed
-        self.own_mask = own_mask
-        free_idx = [i for i, mine in enumerate(own_mask) if not mine]
-        self.free = tuple(managed[i] for i in free_idx)
-        self.restore = tuple(managed[i] for i in restore_idx)
-        self.pick_restore = _picker(restore_idx)  # record positions = managed positions
-        self.last_vals: tuple[bool, ...] | None = None  # the values of the last record built, and
-        self.last_record: dict[Any, bool] = {}  # that record (handed out as copies), and
-        self.restore_vals: tuple[bool, ...] = ()  # the values Lightning's untoggle restores from it
-
-    def outside_changed(self, inner: Any) -> bool:
-        """Whether ``inner``, an optimizer outside ``trainer.optimizers``, no longer holds the parameters
-        this plan was built for (the rest of a plan's check is inline in ``_toggle_optimizer``)."""
-        outside = self.outside
-        if outside is None:
-            return False
-        own = _params_of(inner)
-        return len(own) != len(outside) or not all(map(is_, own, outside))
-
-    def record(self, vals: tuple[bool, ...]) -> dict[Any, bool]:
-        """Lightning's ``_param_requires_grad_state`` for ``vals``; a dict copy when unchanged.
-
-        Copying a dict reuses its stored hashes; building one calls ``Tensor.__hash__`` (Python)
-        once per parameter, which is most of Lightning's own cost.
-        """
-        if vals != self.last_vals:
-            self.last_record = dict(zip(self.managed, vals))
-            self.last_vals = vals
-            self.restore_vals = self.pick_restore(vals)
-        return self.last_record.copy()
+    def __init__(self, layout: Sequence[Any]) -> None:
+        first: dict[int, int] = {}  # id -> index among the managed parameters
+        managed_at: list[int] = []  # their positions in the layout
+        own: set[int] = set()  # ids of the toggled optimizer's parameters
+        restored: set[int] = set()  # ids of the parameters Lightning's untoggle restores
+        toggled = outside = False
+        for pos, item in enumerate(layout):
+            if item is _TOGGLED:
+                toggled = True
+            elif item is _END:
+                toggled = False
+            elif item is _OUTSIDE:
+                outside = True
+            elif outside:
+                own.add(id(item))
+            else:
+                key = id(item)
+                if key not in first:
+                    first[key] = len(managed_at)
+                    managed_at.append(pos)
+                (own if toggled else restored).add(key)
+        order = [id(layout[pos]) for pos in managed_at]
+        self.managed = _picker(managed_at)  # layout -> the managed parameters
+        self.own_mask = tuple(key in own for key in order)  # which managed ones are the toggled optimizer's
+        self.free = _picker([i for i, key in enumerate(order) if key not in own])  # managed -> frozen ones
+        self.restore = _picker([i for i, key in enumerate(order) if key in restored])  # managed -> restored
 
 
 class _ModuleState:
-    """Per-module bookkeeping: cached plans and the stack of open (or nested statement) toggles."""
+    """Per-module bookkeeping: cached plans and the stack of open blocks (and nested statement toggles)."""
 
     __slots__ = ("module", "plans", "stack")
 
     def __init__(self, module: weakref.ref[Any]) -> None:
-        self.module = module  # a weak reference: a module's state never keeps it alive
-        self.plans: dict[int, _Plan] = {}
+        self.module = module  # weak: a module's state never keeps it alive
+        self.plans: dict[tuple[int, ...], _Plan] = {}
         self.stack: list[Toggle[Any]] = []
 
 
-# Keyed by id(module), which stays valid while the module lives: its weak reference's callback drops
-# the entry when it dies, and every lookup checks the reference (a dict get, no weakref created:
-# a WeakKeyDictionary lookup costs ~10x more, on every toggle).
+_MAX_PLANS = 16  # per module; optimizers come and go (e.g. re-created by each fit): keep it bounded
+
+# Keyed by id(module), valid while the module lives: its weak reference's callback drops the entry.
 _STATES: dict[int, _ModuleState] = {}
 
 
@@ -260,125 +159,182 @@ def _state(module: Any) -> _ModuleState:
     return state
 
 
-# class -> whether it is a LightningOptimizer (of either flavour); cleared when _patch registers one.
-_IS_WRAPPER: dict[type, bool] = {}
+_WRAPPER_MODULES = ("lightning.pytorch.core.optimizer", "pytorch_lightning.core.optimizer")
 
 
 def _unwrap(optimizer: Any) -> Any:
-    """The torch optimizer behind a ``LightningOptimizer`` (of either flavour), else itself."""
-    cls = optimizer.__class__
-    wrapped = _IS_WRAPPER.get(cls)
-    if wrapped is None:
-        wrapped = _IS_WRAPPER[cls] = any(issubclass(cls, known) for known in _LIGHTNING_OPTIMIZERS)
-    return optimizer._optimizer if wrapped else optimizer
+    """The torch optimizer behind a ``LightningOptimizer`` (of either flavour), else itself.
+
+    The classes are looked up where Lightning defines them, at each call: no registry to keep in step
+    (or to lose on a reload), and no cache of the class Lightning makes for every wrapper.
+    """
+    for name in _WRAPPER_MODULES:
+        cls = getattr(sys.modules.get(name), "LightningOptimizer", None)
+        if cls is not None and isinstance(optimizer, cls):
+            return optimizer._optimizer
+    return optimizer
 
 
-def _params_of(optimizer: Any) -> tuple[Any, ...]:
-    return tuple(chain.from_iterable([group["params"] for group in optimizer.param_groups]))
+# -- validation and messages ---------------------------------------------------------------------
 
 
-def _check_optimizer(optimizer: Any) -> None:
-    """Reject anything that is not an optimizer before a single ``requires_grad`` changes."""
-    groups = getattr(optimizer, "param_groups", None)
-    if isinstance(groups, (list, tuple)) and all(isinstance(g, dict) and "params" in g for g in groups):
-        return
-    raise TypeError(
-        "toggle_optimizer() expects an optimizer (a torch.optim.Optimizer or the LightningOptimizer "
-        f"that self.optimizers() returns), got {type(optimizer).__module__}.{type(optimizer).__qualname__}"
-        f" ({optimizer!r:.80}); nothing was changed"
-    )
+def _describe(obj: Any) -> str:
+    """``module.Class (repr)`` for an error message; never raises (a broken ``__repr__`` is bad input too)."""
+    cls = type(obj)
+    try:
+        text = repr(obj)
+    except Exception:
+        text = "<repr failed>"
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{cls.__module__}.{cls.__qualname__} ({text})"
 
 
 def _check_flags(**flags: Any) -> None:
     for flag, value in flags.items():
-        if not isinstance(value, (bool, int)):
-            raise TypeError(f"toggle_optimizer(): {flag} must be True or False, got {value!r}")
+        if type(value) is not bool:
+            raise TypeError(
+                f"toggle_optimizer(): {flag} must be True or False (a bool), got {_describe(value)}; "
+                "nothing was changed"
+            )
+
+
+def _check_optimizer(optimizer: Any) -> None:
+    """Reject anything that is not an optimizer, before a single ``requires_grad`` changes."""
+    try:
+        groups = optimizer.param_groups
+        if isinstance(groups, (list, tuple)) and all(isinstance(g, dict) and "params" in g for g in groups):
+            return
+    except Exception:
+        pass  # no readable param_groups: not an optimizer, said below
+    raise TypeError(
+        "toggle_optimizer() expects an optimizer (a torch.optim.Optimizer or the LightningOptimizer "
+        f"that self.optimizers() returns), got {_describe(optimizer)}; nothing was changed"
+    )
 
 
 def _param_name(module: Any, param: Any) -> str:
-    for name, p in module.named_parameters(remove_duplicate=False):
-        if p is param:
-            return f"parameter {name!r}"
-    return f"an unnamed parameter of shape {tuple(param.shape)} (not a parameter of {type(module).__name__})"
+    try:
+        for name, p in module.named_parameters(remove_duplicate=False):
+            if p is param:
+                return f"parameter {name!r}"
+    except Exception:
+        pass  # the name is a courtesy: the message below still says what is wrong
+    shape = getattr(param, "shape", None)
+    what = f"of shape {tuple(shape)}" if isinstance(shape, Iterable) else _describe(param)
+    return f"an unnamed parameter {what} (not a parameter of {type(module).__name__})"
 
 
-def _new_plan(
-    module: Any, state: _ModuleState, seq: list[Any], opts: Sequence[Any], optimizer: Any, inner: Any
-) -> _Plan:
-    """A new plan for ``optimizer`` (``inner``: the torch optimizer in it) over the layout ``seq`` of
-    ``opts``, cached; raises (changing nothing) if the optimizer cannot be toggled.
+def _new_plan(module: Any, opts: Sequence[Any], optimizer: Any, layout: list[Any]) -> _Plan:
+    """The plan for ``layout``; raises, having changed nothing, if ``optimizer`` cannot be toggled."""
+    import torch
 
-    Plans are cached by the id of the object passed (a ``LightningOptimizer`` and its torch
-    optimizer are toggled alike but are different objects to Lightning's untoggle); ``Toggle``
-    reuses one only for the very same layout (an *identity* check: never ``==`` on tensors).
-    """
     _check_optimizer(optimizer)
-    per_opt = [_params_of(opt) for opt in opts]
-    index: dict[int, int] = {}
-    managed: list[Any] = []
-    for p in chain.from_iterable(per_opt):
-        if id(p) not in index:
-            index[id(p)] = len(managed)
-            managed.append(p)
-    # The toggled optimizer's parameters: a trainer optimizer's are part of the layout already.
-    positions = [k for k, o in enumerate(opts) if o is inner]
-    own = per_opt[positions[0]] if positions else _params_of(inner)
-    strangers = [p for p in own if id(p) not in index]
+    for item in layout:
+        if item is not _TOGGLED and item is not _END and item is not _OUTSIDE and not isinstance(item, torch.Tensor):
+            raise TypeError(
+                f"toggle_optimizer(): an optimizer holds {_describe(item)} where a parameter (a tensor) "
+                "belongs; nothing was changed"
+            )
+    plan = _Plan(layout)
+    managed = {id(p) for p in plan.managed(layout)}
+    strangers = [p for p in _own_params(layout) if id(p) not in managed]
     if strangers:
+        # Lightning would raise a bare KeyError after freezing everything.
         raise ValueError(
             f"toggle_optimizer(): the optimizer holds {_param_name(module, strangers[0])}, which none of "
             f"trainer.optimizers holds ({len(strangers)} such parameter(s)); pass an optimizer returned by "
             "configure_optimizers (self.optimizers()); nothing was changed"
         )
-    own_ids = {id(p) for p in own}
-    # Lightning's untoggle restores every optimizer's parameters but the toggled one's (by identity,
-    # a LightningOptimizer matching its inner optimizer); a parameter shared with it is restored too.
-    restored: set[int] = set()
-    for params, o in zip(per_opt, opts):
-        if o is not optimizer and o is not inner:
-            restored.update(id(p) for p in params)
-    plan = _Plan(
-        tuple(seq),
-        id(inner),
-        None if positions else own,
-        tuple(managed),
-        tuple(id(p) in own_ids for p in managed),
-        [i for i, p in enumerate(managed) if id(p) in restored],
-    )
-    if len(state.plans) > 64:  # optimizers come and go (e.g. re-created each fit); keep it bounded
-        state.plans.clear()
-    state.plans[id(optimizer)] = plan
     return plan
 
 
-def _lightning_untoggle(opts: Sequence[Any], optimizer: Any, inner: Any, record: Any) -> None:
-    """``LightningModule.untoggle_optimizer`` as Lightning writes it (``inner``: the torch optimizer in
-    ``optimizer``; its record is ``record``)."""
+def _own_params(layout: list[Any]) -> list[Any]:
+    """The toggled optimizer's parameters as the layout lists them."""
+    own: list[Any] = []
+    toggled = False
+    for item in layout:
+        if item is _TOGGLED or item is _OUTSIDE:
+            toggled = True
+        elif item is _END:
+            toggled = False
+        elif toggled:
+            own.append(item)
+    return own
+
+
+# -- writing requires_grad -----------------------------------------------------------------------
+
+
+def _assign(params: Iterable[Any], values: Iterable[bool]) -> None:
+    """``p.requires_grad = v`` for every pair; a write that fails does not stop the others. The first
+    error propagates after the last write."""
+    error: BaseException | None = None
+    for p, v in zip(params, values):
+        try:
+            p.requires_grad = v
+        except BaseException as e:  # re-raised below, after the other writes
+            if error is None:
+                error = e
+    if error is not None:
+        raise error
+
+
+def _surely(fn: Callable[..., None], *args: Any) -> None:
+    """``fn(*args)``, and once more if anything interrupts it (Ctrl-C between two lines, a failing
+    write), so that it completes before the error propagates: ``fn`` must be idempotent. The first
+    error propagates unchanged; an error of the second run is dropped (the first already says it)."""
+    try:
+        fn(*args)
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            fn(*args)
+        raise
+
+
+def _lightning_untoggle(module: Any, opts: Sequence[Any], optimizer: Any, inner: Any) -> None:
+    """``LightningModule.untoggle_optimizer`` as Lightning writes it (it reads the record at each
+    parameter; a failing write here does not stop the others)."""
+    params: list[Any] = []
+    values: list[Any] = []
     for opt in opts:
-        if opt is not optimizer and opt is not inner:
+        if not (opt is optimizer or opt is inner):
             for group in opt.param_groups:
                 for param in group["params"]:
-                    if param in record:
-                        param.requires_grad = record[param]
+                    if param in module._param_requires_grad_state:
+                        params.append(param)
+                        values.append(module._param_requires_grad_state[param])
+    _assign(params, values)
 
 
-def _untoggle_flat(module: Any, plan: _Plan, optimizer: Any, inner: Any, vals: tuple[bool, ...]) -> None:
-    """Lightning's ``untoggle_optimizer(optimizer)`` after a flat toggle that recorded ``vals`` and
-    handed out a copy of ``plan.last_record`` (``inner``: the torch optimizer in ``optimizer``).
+def _untoggle_flat(module: Any, plan: _Plan, key: tuple[int, ...], optimizer: Any, inner: Any, vals: Any) -> None:
+    """Lightning's ``untoggle_optimizer(optimizer)`` after a flat toggle over the layout ``key`` that
+    recorded ``vals`` (``inner``: the torch optimizer in ``optimizer``). Idempotent.
 
-    The other optimizers' parameters get the value the record holds for them *now* (the user may have
-    edited it): from the plan while the layout and the record are what the toggle left
-    (``_leave_flat``), else the long way, over the current lists and record.
+    While the optimizers' lists and the record are what the toggle left (the record's keys are the
+    managed parameters, by identity and in order, its values the very bools recorded), the plan says
+    what to restore, without Lightning's tensor-keyed lookups. Otherwise (the user edited either),
+    Lightning's own untoggle, over the current lists and record.
     """
     opts = module.trainer.optimizers
-    namespace = module.__dict__
-    record = namespace.get("_param_requires_grad_state")
-    last = plan.last_record
-    if not _leave_flat(
-        opts, optimizer, inner, record, vals, plan.seq, plan.last_vals, last, plan.restore, plan.restore_vals
+    record = module.__dict__.get(_RECORD)
+    layout = _layout(opts, optimizer, inner)
+    ids = tuple(map(id, layout))
+    if (
+        ids == key
+        and type(record) is dict  # not .__class__, which a subclass can fake
+        and tuple(map(id, record)) == plan.managed(ids)
+        and all(map(is_, record.values(), vals))  # not ==: 1 == True, which Lightning's write would refuse
     ):
-        _lightning_untoggle(opts, optimizer, inner, record)
-    namespace["_param_requires_grad_state"] = {}
+        managed = plan.managed(layout)
+        _assign(plan.restore(managed), plan.restore(vals))
+    else:
+        _lightning_untoggle(module, opts, optimizer, inner)
+    # Lightning assigns through nn.Module.__setattr__, which stores a dict in __dict__ (10x slower).
+    module.__dict__[_RECORD] = {}
+
+
+# -- the toggle object ----------------------------------------------------------------------------
 
 
 class Toggle(Generic[_OptT]):
@@ -398,6 +354,8 @@ class Toggle(Generic[_OptT]):
     __slots__ = (
         "_entry",
         "_inner",
+        "_key",
+        "_managed",
         "_module",
         "_nested",
         "_optimizer",
@@ -408,23 +366,27 @@ class Toggle(Generic[_OptT]):
         "_state",
         "_step",
         "_sync",
+        "_sync_entered",
         "_vals",
         "_zero_grad",
     )
 
-    _entry: tuple[bool, ...] | None
-    _inner: Any
+    _entry: tuple[bool, ...] | None  # nested: every managed requires_grad found at the toggle
+    _inner: Any  # the torch optimizer in _optimizer
+    _key: tuple[int, ...] | None  # the layout's ids at the toggle
+    _managed: tuple[Any, ...] | None  # the managed parameters at the toggle
     _module: Any
     _nested: bool
     _optimizer: _OptT | None
     _phase: int
     _plan: _Plan | None
-    _prev_record: Any
-    _record: dict[Any, bool] | None
+    _prev_record: Any  # nested: the record to put back on leaving
+    _record: dict[Any, bool] | None  # the record this toggle stored
     _state: _ModuleState | None
     _step: bool
-    _sync: Any
-    _vals: tuple[bool, ...] | None
+    _sync: Any  # sync_grad=False: the strategy's block_backward_sync, then the context it made
+    _sync_entered: bool
+    _vals: tuple[bool, ...] | None  # the user's view of every managed parameter (flat: the record's values)
     _zero_grad: bool
 
     def __new__(
@@ -434,20 +396,18 @@ class Toggle(Generic[_OptT]):
 
     # -- nesting ----------------------------------------------------------------------------
 
-    def _user_view(self, plan: _Plan, now: tuple[bool, ...]) -> tuple[bool, ...]:
-        mine_plan = self._plan
-        assert mine_plan is not None and self._vals is not None
-        mine, theirs = mine_plan.managed, plan.managed
-        if len(mine) != len(theirs) or not all(map(is_, mine, theirs)):  # the optimizers changed in between
-            recorded = {id(p): v for p, v in zip(mine_plan.managed, self._vals)}
-            live = {id(p) for p, m in zip(mine_plan.managed, mine_plan.own_mask) if m}
-            return tuple(n if id(p) in live else recorded.get(id(p), n) for p, n in zip(plan.managed, now))
-        return tuple(n if m else v for n, m, v in zip(now, mine_plan.own_mask, self._vals))
+    def _user_view(self, managed: tuple[Any, ...], now: tuple[bool, ...]) -> tuple[bool, ...]:
+        """The user's ``requires_grad`` for ``managed`` (currently ``now``) while this toggle is the
+        innermost: a parameter it left live shows its current value, one it froze what it recorded,
+        one the optimizers took on since its current value."""
+        assert self._managed is not None and self._vals is not None and self._plan is not None
+        recorded = {id(p): v for p, v in zip(self._managed, self._vals)}
+        live = {id(p) for p, mine in zip(self._managed, self._plan.own_mask) if mine}
+        return tuple(n if id(p) in live else recorded.get(id(p), n) for p, n in zip(managed, now))
 
     # -- the block ---------------------------------------------------------------------------
 
     def __enter__(self) -> _OptT:
-        module = self._module
         if self._phase != _MADE:
             raise RuntimeError(
                 "this toggle was already used: a toggle object is single-use, write "
@@ -455,102 +415,98 @@ class Toggle(Generic[_OptT]):
             )
         state = self._state
         assert state is not None
-        current = module.__dict__.get("_param_requires_grad_state")
-        if current is not self._record or (self._nested and state.stack[-1] is not self):
+        if self._module.__dict__.get(_RECORD) is not self._record or (self._nested and state.stack[-1] is not self):
             raise RuntimeError(
                 "this toggle was undone or superseded before its block started; enter it where it is "
                 "made: `with self.toggle_optimizer(opt):`; nothing was changed"
             )
-        self._phase = _OPEN
-        if not self._nested:
-            state.stack.append(self)
         try:
+            self._phase = _OPEN
+            if not self._nested:
+                state.stack.append(self)
             if self._sync is not None:
+                # Without gradient sync (DDP micro-batches) the block runs inside the strategy's
+                # no_sync, entered here and left on every exit.
                 self._sync = self._sync()
                 self._sync.__enter__()
+                self._sync_entered = True
             if self._zero_grad:
                 self._optimizer.zero_grad()  # type: ignore[union-attr]
         except BaseException:
-            self._close(state)
+            self._close()
             raise
         return self._optimizer  # type: ignore[return-value]
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> Literal[False]:
-        if self._phase != _OPEN:
+        optimizer = self._optimizer
+        if self._phase == _MADE or optimizer is None:
+            if exc_type is not None:
+                return False  # never replace an exception in flight
             raise RuntimeError("this toggle's block is not open")
         try:
             if exc_type is None and self._step:
-                self._optimizer.step()  # type: ignore[union-attr]
+                optimizer.step()  # type: ignore[attr-defined]
         finally:
-            state = self._state
-            assert state is not None
-            stack = state.stack
-            if stack and stack[-1] is self and not self._nested and self._sync is None:
-                # The usual block (flat, nothing left open inside, no gradient sync to resume): the
-                # untoggle without the general path's calls (this is every block's exit).
-                stack.pop()
-                self._phase = _CLOSED
-                module, plan, vals = self._module, self._plan, self._vals
-                optimizer, inner = self._optimizer, self._inner
-                self._module = self._optimizer = self._inner = self._plan = self._state = None
-                self._vals = self._record = None
-                assert plan is not None and vals is not None
-                _untoggle_flat(module, plan, optimizer, inner, vals)
-            else:
-                self._close(state)
+            # Already closed when an enclosing block that ended first unwound it (a generator holding
+            # a block): its untoggle is done, nothing more to do.
+            try:
+                self._close()
+            finally:
+                self._optimizer = None
         return False  # never swallow
 
     # -- leaving -----------------------------------------------------------------------------
 
-    def _close(self, state: _ModuleState) -> None:
-        """Untoggle (unwinding nested statement toggles left open above us) and let go of everything."""
-        stack = state.stack
-        sync, self._sync = self._sync, None
+    def _close(self) -> None:
+        """Untoggle, unwinding first the toggles left open above this one; gradient sync resumes.
+        Safe to call again, and completes even if interrupted (every step is idempotent)."""
         try:
-            if stack and stack[-1] is self:  # the innermost toggle: the usual case
-                stack.pop()
-                self._undo()
-            elif self in stack:
-                while stack:
-                    top = stack.pop()
-                    top._undo()
-                    if top is self:
-                        break
-            else:  # a nested toggle already unwound by its own untoggle_optimizer
-                self._undo()
+            _surely(self._unwind)
         finally:
-            if sync is not None and hasattr(sync, "__exit__"):
-                # Resume it as a clean exit: its own `finally` restores gradient sync; the exception
-                # in flight (if any) keeps propagating from our caller, unchanged.
+            sync, self._sync = self._sync, None
+            if self._sync_entered:
+                self._sync_entered = False
+                # Resumed as a clean exit: its own `finally` restores gradient sync; the exception in
+                # flight (if any) keeps propagating from our caller, unchanged.
                 sync.__exit__(None, None, None)
+
+    def _unwind(self) -> None:
+        state = self._state
+        if state is not None and self in state.stack:  # by identity: Toggle has no __eq__
+            stack = state.stack
+            while stack:
+                top = stack[-1]
+                top._undo()
+                stack.pop()  # after the undo: an interrupt in between leaves it to be undone again
+                if top is self:
+                    break
+        self._undo()
 
     def _undo(self) -> None:
         if self._phase == _CLOSED:
             return
-        self._phase = _CLOSED
         module, plan = self._module, self._plan
-        assert plan is not None and self._vals is not None
-        try:
-            if self._nested:
-                assert self._entry is not None
-                for p, was in zip(plan.managed, self._entry):
-                    if p.requires_grad is not was:
-                        p.requires_grad = was
-                module.__dict__["_param_requires_grad_state"] = self._prev_record
-            else:
-                _untoggle_flat(module, plan, self._optimizer, self._inner, self._vals)
-        finally:
-            self._module = self._optimizer = self._inner = self._plan = self._state = None
-            self._vals = self._entry = self._record = self._prev_record = None
+        assert plan is not None
+        if self._nested:
+            assert self._managed is not None and self._entry is not None
+            _assign(self._managed, self._entry)
+            _put_record(module, self._prev_record)
+        else:
+            assert self._key is not None
+            _untoggle_flat(module, plan, self._key, self._optimizer, self._inner, self._vals)
+        self._phase = _CLOSED
+        # Let go of everything but the optimizer (its step may still come) and the sync context.
+        self._module = self._inner = self._plan = self._state = self._key = self._managed = None
+        self._vals = self._entry = self._record = self._prev_record = None
 
     def _untoggle_statement(self) -> None:
         """``untoggle_optimizer`` called on a nested statement toggle: close it as a nested block."""
-        state = self._state
-        if state is not None and state.stack and state.stack[-1] is self:
-            state.stack.pop()
-        self._undo()
+        try:
+            _surely(self._unwind)
+        finally:
+            self._optimizer = None
 
     def __repr__(self) -> str:
         status = ("toggled", "open", "closed")[self._phase]
@@ -561,85 +517,79 @@ def _toggle_optimizer(
     self: Any, optimizer: _OptT, zero_grad: bool = True, step: bool = True, sync_grad: bool = True
 ) -> Toggle[_OptT]:
     """The toggle (``Toggle(...)``, ``toggle(...)``); ``_patch`` installs copies of this very function as
-    ``toggle_optimizer`` (no wrapper call: this is every toggle's path). ``self``: the LightningModule."""
+    ``toggle_optimizer`` (no wrapper call on every toggle). ``self``: the LightningModule."""
     module = self
-    if zero_grad.__class__ is not bool or step.__class__ is not bool or sync_grad.__class__ is not bool:
+    if type(zero_grad) is not bool or type(step) is not bool or type(sync_grad) is not bool:
         _check_flags(zero_grad=zero_grad, step=step, sync_grad=sync_grad)
-        zero_grad, step, sync_grad = bool(zero_grad), bool(step), bool(sync_grad)
     trainer = module.trainer  # Lightning's own RuntimeError when not attached to a Trainer
-    state = _STATES.get(id(module))  # _state(module), inlined: this is every toggle's path
-    if state is None or state.module() is not module:
-        state = _state(module)
-    wrapped = _IS_WRAPPER.get(optimizer.__class__)
-    inner = optimizer if wrapped is False else _unwrap(optimizer)  # _unwrap, inlined for a torch optimizer
     opts = trainer.optimizers
-    # Without gradient sync (DDP micro-batches) the block runs inside the strategy's no_sync,
-    # entered with the block and left on every exit (toggle_model also leaves the toggle on errors).
+    inner = _unwrap(optimizer)
     sync = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)
-    stack = state.stack
-    plan = state.plans.get(id(optimizer))
     try:
-        if plan is not None and not stack and plan.outside is None and plan.inner_id == id(inner):
-            # The usual toggle: flat, a cached plan. Reads the layout once; toggles if it is the plan's.
-            got = _enter_flat(opts, optimizer, inner, plan.seq, plan.managed, plan.free)
-        else:
-            got = _layout(opts, optimizer, inner)
+        layout = _layout(opts, optimizer, inner)
     except Exception:
         _check_optimizer(optimizer)  # a clear TypeError for a non-optimizer, else the original error
         raise
-    if got.__class__ is tuple:
-        vals: tuple[bool, ...] = got
-        assert plan is not None
-    else:  # the layout, read; nothing changed yet
-        seq: list[Any] = got  # type: ignore[assignment]
-        if (  # a cached plan is reused only for the very layout it was built for (by identity)
-            plan is None
-            or len(seq) != len(plan.seq)
-            or plan.inner_id != id(inner)
-            or not all(map(is_, seq, plan.seq))
-            or plan.outside_changed(inner)
-        ):
-            plan = _new_plan(module, state, seq, opts, optimizer, inner)  # validates; raises before any change
-        # -- validated: from here on we change things --
-        vals = tuple(map(_requires_grad, plan.managed))
-        if not stack:
-            for p in plan.free:  # as Lightning: every managed parameter but the toggled ones, frozen
-                p.requires_grad = False
+    state = _state(module)
+    key = tuple(map(id, layout))
+    plan = state.plans.get(key)
+    if plan is None:
+        plan = _new_plan(module, opts, optimizer, layout)  # validates: raises before any change
+        if len(state.plans) >= _MAX_PLANS:
+            state.plans.clear()
+        state.plans[key] = plan
+    managed: tuple[Any, ...] = plan.managed(layout)
+    vals: tuple[bool, ...] = tuple(map(_requires_grad, managed))
+
     t: Toggle[_OptT] = _new(Toggle)
-    t._module = module
-    t._state = state
-    t._optimizer = optimizer
-    t._inner = inner
-    t._zero_grad = zero_grad
-    t._step = step
-    t._sync = sync
-    t._plan = plan
-    t._phase = _MADE
-    if not stack:
-        t._nested = False
-        t._entry = None
-        user = vals
-        # plan.record(vals), inlined for the usual case: the same values as last time
-        record = plan.last_record.copy() if vals == plan.last_vals else plan.record(vals)
+    t._module, t._state, t._optimizer, t._inner = module, state, optimizer, inner
+    t._zero_grad, t._step, t._sync, t._sync_entered = zero_grad, step, sync, False
+    t._plan, t._key, t._managed, t._phase = plan, key, managed, _MADE
+    namespace = module.__dict__
+    stack = state.stack
+    t._nested = nested = bool(stack)
+    previous = namespace.get(_RECORD, _MISSING)
+    if not nested:  # exactly Lightning's toggle: freeze all but the toggled optimizer's parameters
+        t._entry = t._prev_record = None
+        t._vals = vals
+        t._record = record = dict(zip(managed, vals))
+        free = plan.free(managed)
+        try:
+            _assign(free, repeat(False))
+            namespace[_RECORD] = record  # as Lightning's assignment through nn.Module.__setattr__
+            return t
+        except BaseException:  # all or nothing: put back what was written
+            _surely(_rollback, module, free, plan.free(vals), previous)
+            raise
+    # Nested: the same toggle from the user's view (see Toggle._user_view), undone on leaving.
+    t._entry = vals
+    t._prev_record = previous
+    t._vals = user = stack[-1]._user_view(managed, vals)
+    t._record = record = dict(zip(managed, user))
+    targets = [want if mine else False for want, mine in zip(user, plan.own_mask)]
+    try:
+        _assign(managed, targets)
+        namespace[_RECORD] = record
+        stack.append(t)  # a nested toggle is open from here on, entered or not
+        return t
+    except BaseException:  # all or nothing
+        if stack and stack[-1] is t:
+            stack.pop()
+        _surely(_rollback, module, managed, vals, previous)
+        raise
+
+
+def _rollback(module: Any, params: Sequence[Any], values: Sequence[bool], previous: Any) -> None:
+    """Undo a toggle that could not complete: ``params`` get ``values`` back, the record ``previous``."""
+    _assign(params, values)
+    _put_record(module, previous)
+
+
+def _put_record(module: Any, record: Any) -> None:
+    if record is _MISSING:
+        module.__dict__.pop(_RECORD, None)
     else:
-        # Nested: toggle from the user's view. Parameters the enclosing toggle left live show the
-        # user's current wish; the ones it froze show what it recorded.
-        outer = stack[-1]
-        t._nested = True
-        t._entry = vals
-        t._prev_record = module.__dict__.get("_param_requires_grad_state")
-        user = outer._user_view(plan, vals)
-        for p, mine, now, want in zip(plan.managed, plan.own_mask, vals, user):
-            target = want if mine else False
-            if now is not target:
-                p.requires_grad = target
-        record = dict(zip(plan.managed, user))
-        stack.append(t)
-    t._vals = user
-    t._record = record
-    # Lightning assigns through nn.Module.__setattr__, which stores a dict in __dict__ (10x slower).
-    module.__dict__["_param_requires_grad_state"] = record
-    return t
+        module.__dict__[_RECORD] = record
 
 
 def toggle(
@@ -669,9 +619,9 @@ def _open_statement_toggle(module: Any, optimizer: Any) -> Toggle[Any] | None:
 def _keep_dynamo_out(namespace: dict[str, Any]) -> None:
     """Have torch.compile run our code eagerly instead of tracing it (at no cost outside compile).
 
-    Traced, the toggle's bookkeeping (a weak dictionary of modules) becomes a dynamo guard that can
-    break compilation; ``skip_code`` makes dynamo graph-break at our calls, as Lightning's newest
-    source does with ``torch.compiler.disable`` on its own toggle (whose wrapper costs ~3 us a call).
+    Traced, the toggle's bookkeeping becomes dynamo guards that can break compilation; ``skip_code``
+    makes dynamo graph-break at our calls, as Lightning's newest source does with
+    ``torch.compiler.disable`` on its own toggle (whose wrapper costs ~3 us a call).
     """
     try:
         from torch._dynamo.eval_frame import skip_code

@@ -225,7 +225,6 @@ def _apply_shim(name: str) -> None:
     mutated = types.ModuleType("toggleshim._toggle")
     mutated.__file__ = _toggle.__file__
     exec(compile(source.replace(old, new), _toggle.__file__, "exec"), mutated.__dict__)
-    mutated._LIGHTNING_OPTIMIZERS[:] = _toggle._LIGHTNING_OPTIMIZERS
     sys.modules["toggleshim._toggle"] = mutated
     _patch._toggle = mutated  # type: ignore[attr-defined]
     _patch.Toggle = mutated.Toggle  # type: ignore[attr-defined]
