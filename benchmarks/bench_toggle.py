@@ -793,7 +793,7 @@ def environment() -> dict[str, Any]:
     return {"python": platform.python_version(), "platform": platform.platform(),
             "torch": torch.__version__, "lightning": version("lightning"),
             "pytorch_lightning": version("pytorch-lightning"), "toggleshim": toggleshim.__version__,
-            "flavour": _FLAVOUR, "toggled_optimizer": HAS_TOGGLED, "kernels": _toggle.KERNELS,
+            "flavour": _FLAVOUR, "toggled_optimizer": HAS_TOGGLED,
             "torch_threads": torch.get_num_threads()}
 
 
@@ -816,7 +816,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     print("# toggleshim toggle benchmark\n")
     print(f"Python {env['python']}, torch {env['torch']}, lightning {env['lightning']}, "
-          f"toggleshim {env['toggleshim']} ({env['flavour']}, {env['kernels']} kernels), "
+          f"toggleshim {env['toggleshim']} ({env['flavour']}), "
           f"torch threads {env['torch_threads']}.")
     command = " ".join(["python benchmarks/bench_toggle.py", *(argv if argv is not None else sys.argv[1:])])
     print(f"Command: `{command}`\n")

@@ -134,7 +134,7 @@ def main() -> None:
         gc.enable()
     med = {name: statistics.median(values) for name, values in times.items()}
     print(f"{args.params} parameters, {args.optimizers} optimizers, body {args.body}, {args.rounds} rounds "
-          f"of {args.iterations} iterations, {bench._toggle.KERNELS} kernels; µs per toggled optimizer (median)")
+          f"of {args.iterations} iterations; µs per toggled optimizer (median)")
     print("| variant | µs |\n|:---|---:|")
     for name, value in med.items():
         print(f"| {name} | {value:.1f} |")

@@ -28,13 +28,14 @@ block's exit paths), ``Toggle._user_view`` (the nesting rule).
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from operator import attrgetter, is_, itemgetter
-from types import TracebackType
-from typing import Any, Generic, Literal, TypeVar
+from types import MethodType, TracebackType
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 __all__ = ["Toggle", "toggle"]
 
@@ -45,33 +46,23 @@ _MISSING: Any = object()
 _new = object.__new__  # a Toggle is made without calling Toggle.__new__ (which toggles)
 _MADE, _OPEN, _CLOSED = 0, 1, 2  # a Toggle's phase: toggled (statement, or not entered yet), in its block, undone
 
-# Markers in a layout (see _layout).
-_TOGGLED: Any = object()
-_END: Any = object()
-_OUTSIDE: Any = object()
+_END: Any = object()  # ends an optimizer's parameters in a layout (see _layout)
 
 
-def _layout(opts: Sequence[Any], optimizer: Any, inner: Any) -> list[Any]:
-    """All that Lightning's toggle and untoggle read of the optimizers, in their order.
-
-    Every optimizer's parameters, each optimizer's ended by ``_END`` and preceded by ``_TOGGLED`` when
-    it is the toggled one (``is optimizer or is inner``, Lightning's test). An ``optimizer`` that is
-    not one of ``opts`` adds ``_OUTSIDE`` and its own parameters at the end.
-    """
+def _layout(opts: Sequence[Any]) -> list[Any]:
+    """All that Lightning's toggle and untoggle read of ``trainer.optimizers``: every optimizer's
+    parameters in Lightning's order, each optimizer's ended by ``_END``."""
     seq: list[Any] = []
-    outside = True
     for opt in opts:
-        if opt is optimizer or opt is inner:
-            seq.append(_TOGGLED)
-            outside = False
         for group in opt.param_groups:
             seq += group["params"]
         seq.append(_END)
-    if outside:
-        seq.append(_OUTSIDE)
-        for group in optimizer.param_groups:
-            seq += group["params"]
     return seq
+
+
+def _toggled(opts: Sequence[Any], optimizer: Any, inner: Any) -> tuple[int, ...]:
+    """The positions of the toggled optimizer in ``opts`` (Lightning's test: ``is optimizer or is inner``)."""
+    return tuple([k for k, opt in enumerate(opts) if opt is optimizer or opt is inner])
 
 
 def _picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
@@ -85,56 +76,65 @@ def _picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]
 
 
 class _Plan:
-    """How a toggle reads one layout: which items are the managed parameters (first occurrences, in
-    Lightning's order), which of them it freezes, which the untoggle restores.
+    """How toggling one optimizer reads a layout: which items are the managed parameters (first
+    occurrences, in Lightning's order), which of them the toggle freezes, which the untoggle restores.
+    Positions only, plus the last record built (``record_for``); cached per module for its current
+    layout (``_ModuleState``)."""
 
-    It depends only on *which positions of the layout hold the same object*, so it is cached by the
-    layout's ``id``s (all alive while compared, hence distinct) and holds integers only: a plan keeps
-    nothing alive. Built once per layout; the hot path is then a few C-level passes.
-    """
+    __slots__ = ("free", "last_record", "last_vals", "managed", "own_mask", "restore")
 
-    __slots__ = ("free", "managed", "own_mask", "restore")
-
-    def __init__(self, layout: Sequence[Any]) -> None:
-        first: dict[int, int] = {}  # id -> index among the managed parameters
-        managed_at: list[int] = []  # their positions in the layout
-        own: set[int] = set()  # ids of the toggled optimizer's parameters
-        restored: set[int] = set()  # ids of the parameters Lightning's untoggle restores
-        toggled = outside = False
+    def __init__(self, layout: Sequence[Any], toggled: tuple[int, ...], outside: Sequence[Any] | None) -> None:
+        first: set[int] = set()
+        managed_at: list[int] = []  # positions in the layout of the managed parameters
+        own: set[int] = set() if outside is None else {id(p) for p in outside}  # the toggled optimizer's
+        restored: set[int] = set()  # what Lightning's untoggle restores: the other optimizers' parameters
+        k = 0  # the optimizer the layout is at
         for pos, item in enumerate(layout):
-            if item is _TOGGLED:
-                toggled = True
-            elif item is _END:
-                toggled = False
-            elif item is _OUTSIDE:
-                outside = True
-            elif outside:
-                own.add(id(item))
-            else:
-                key = id(item)
-                if key not in first:
-                    first[key] = len(managed_at)
-                    managed_at.append(pos)
-                (own if toggled else restored).add(key)
+            if item is _END:
+                k += 1
+                continue
+            key = id(item)
+            if key not in first:
+                first.add(key)
+                managed_at.append(pos)
+            (own if k in toggled else restored).add(key)
         order = [id(layout[pos]) for pos in managed_at]
         self.managed = _picker(managed_at)  # layout -> the managed parameters
         self.own_mask = tuple(key in own for key in order)  # which managed ones are the toggled optimizer's
         self.free = _picker([i for i, key in enumerate(order) if key not in own])  # managed -> frozen ones
         self.restore = _picker([i for i, key in enumerate(order) if key in restored])  # managed -> restored
+        self.last_vals: tuple[bool, ...] | None = None
+        self.last_record: dict[Any, bool] | None = None
+
+    def record_for(self, managed: tuple[Any, ...], vals: tuple[bool, ...]) -> dict[Any, bool]:
+        """``dict(zip(managed, vals))``, Lightning's record: a copy of the last one when the values are
+        the same. Copying reuses the stored hashes; building calls ``Tensor.__hash__`` (Python) for
+        every parameter, the largest cost of a toggle (benchmarks/bench_toggle.py)."""
+        last = self.last_record
+        if last is None or vals != self.last_vals:
+            self.last_record = last = dict(zip(managed, vals))
+            self.last_vals = vals
+        return last.copy()
 
 
 class _ModuleState:
-    """Per-module bookkeeping: cached plans and the stack of open blocks (and nested statement toggles)."""
+    """Per-module bookkeeping: the stack of open blocks (and nested statement toggles), and a cache:
+    the layout last toggled over and the plans for it, by toggled positions.
 
-    __slots__ = ("module", "plans", "stack")
+    The cache holds the parameters of that layout (so that an identity check proves a new layout is
+    the same). It is dropped when the layout changes (at the next toggle), at every full garbage
+    collection (``_drop_caches``, so ``gc.collect()`` frees a replaced parameter as it would without
+    toggleshim) and with the module.
+    """
+
+    __slots__ = ("layout", "module", "plans", "stack")
 
     def __init__(self, module: weakref.ref[Any]) -> None:
         self.module = module  # weak: a module's state never keeps it alive
+        self.layout: list[Any] | None = None
         self.plans: dict[tuple[int, ...], _Plan] = {}
         self.stack: list[Toggle[Any]] = []
 
-
-_MAX_PLANS = 16  # per module; optimizers come and go (e.g. re-created by each fit): keep it bounded
 
 # Keyed by id(module), valid while the module lives: its weak reference's callback drops the entry.
 _STATES: dict[int, _ModuleState] = {}
@@ -157,6 +157,21 @@ def _state(module: Any) -> _ModuleState:
         key = id(module)
         state = _STATES[key] = _ModuleState(weakref.ref(module, lambda ref: _forget(ref, key)))
     return state
+
+
+def _drop_caches(phase: str, info: dict[str, int]) -> None:
+    """A full collection starts (``gc.collect()`` among them): every module drops its cache, so that no
+    parameter outlives a full collection because of toggleshim."""
+    if phase == "start" and info.get("generation") == 2:
+        for state in list(_STATES.values()):
+            state.layout = None
+            state.plans = {}
+
+
+# One callback, also after importlib.reload of this module (which would add a second).
+gc.callbacks[:] = [cb for cb in gc.callbacks if getattr(cb, "__qualname__", None) != "_drop_caches"
+                   or getattr(cb, "__module__", None) != __name__]
+gc.callbacks.append(_drop_caches)
 
 
 _WRAPPER_MODULES = ("lightning.pytorch.core.optimizer", "pytorch_lightning.core.optimizer")
@@ -225,42 +240,30 @@ def _param_name(module: Any, param: Any) -> str:
     return f"an unnamed parameter {what} (not a parameter of {type(module).__name__})"
 
 
-def _new_plan(module: Any, opts: Sequence[Any], optimizer: Any, layout: list[Any]) -> _Plan:
-    """The plan for ``layout``; raises, having changed nothing, if ``optimizer`` cannot be toggled."""
+def _new_plan(module: Any, optimizer: Any, layout: list[Any], toggled: tuple[int, ...]) -> _Plan:
+    """The plan for toggling ``optimizer`` (at ``toggled`` in the trainer's optimizers) over ``layout``;
+    raises, having changed nothing, if it cannot be toggled."""
     import torch
 
     _check_optimizer(optimizer)
-    for item in layout:
-        if item is not _TOGGLED and item is not _END and item is not _OUTSIDE and not isinstance(item, torch.Tensor):
+    outside = None if toggled else [p for group in optimizer.param_groups for p in group["params"]]
+    for item in layout if outside is None else [*layout, *outside]:
+        if item is not _END and not isinstance(item, torch.Tensor):
             raise TypeError(
                 f"toggle_optimizer(): an optimizer holds {_describe(item)} where a parameter (a tensor) "
                 "belongs; nothing was changed"
             )
-    plan = _Plan(layout)
-    managed = {id(p) for p in plan.managed(layout)}
-    strangers = [p for p in _own_params(layout) if id(p) not in managed]
-    if strangers:
-        # Lightning would raise a bare KeyError after freezing everything.
-        raise ValueError(
-            f"toggle_optimizer(): the optimizer holds {_param_name(module, strangers[0])}, which none of "
-            f"trainer.optimizers holds ({len(strangers)} such parameter(s)); pass an optimizer returned by "
-            "configure_optimizers (self.optimizers()); nothing was changed"
-        )
-    return plan
-
-
-def _own_params(layout: list[Any]) -> list[Any]:
-    """The toggled optimizer's parameters as the layout lists them."""
-    own: list[Any] = []
-    toggled = False
-    for item in layout:
-        if item is _TOGGLED or item is _OUTSIDE:
-            toggled = True
-        elif item is _END:
-            toggled = False
-        elif toggled:
-            own.append(item)
-    return own
+    if outside is not None:
+        managed = {id(p) for p in layout}
+        strangers = [p for p in outside if id(p) not in managed]
+        if strangers:
+            # Lightning would raise a bare KeyError after freezing everything.
+            raise ValueError(
+                f"toggle_optimizer(): the optimizer holds {_param_name(module, strangers[0])}, which none "
+                f"of trainer.optimizers holds ({len(strangers)} such parameter(s)); pass an optimizer "
+                "returned by configure_optimizers (self.optimizers()); nothing was changed"
+            )
+    return _Plan(layout, toggled, outside)
 
 
 # -- writing requires_grad -----------------------------------------------------------------------
@@ -307,27 +310,30 @@ def _lightning_untoggle(module: Any, opts: Sequence[Any], optimizer: Any, inner:
     _assign(params, values)
 
 
-def _untoggle_flat(module: Any, plan: _Plan, key: tuple[int, ...], optimizer: Any, inner: Any, vals: Any) -> None:
-    """Lightning's ``untoggle_optimizer(optimizer)`` after a flat toggle over the layout ``key`` that
-    recorded ``vals`` (``inner``: the torch optimizer in ``optimizer``). Idempotent.
+def _untoggle_flat(module: Any, t: Toggle[Any]) -> None:
+    """Lightning's ``untoggle_optimizer`` after the flat toggle ``t``. Idempotent.
 
     While the optimizers' lists and the record are what the toggle left (the record's keys are the
-    managed parameters, by identity and in order, its values the very bools recorded), the plan says
-    what to restore, without Lightning's tensor-keyed lookups. Otherwise (the user edited either),
-    Lightning's own untoggle, over the current lists and record.
+    managed parameters in order, its values the very bools recorded), the plan says what to restore,
+    without Lightning's tensor-keyed lookups. Otherwise (the user edited either), Lightning's own
+    untoggle, over the current lists and record.
     """
     opts = module.trainer.optimizers
+    optimizer, inner, layout, managed, vals = t._optimizer, t._inner, t._layout, t._managed, t._vals
+    assert t._plan is not None and layout is not None and managed is not None and vals is not None
     record = module.__dict__.get(_RECORD)
-    layout = _layout(opts, optimizer, inner)
-    ids = tuple(map(id, layout))
+    now = _layout(opts)
     if (
-        ids == key
+        len(now) == len(layout)
+        and all(map(is_, now, layout))
+        and _toggled(opts, optimizer, inner) == t._toggled
         and type(record) is dict  # not .__class__, which a subclass can fake
-        and tuple(map(id, record)) == plan.managed(ids)
-        and all(map(is_, record.values(), vals))  # not ==: 1 == True, which Lightning's write would refuse
+        and len(record) == len(managed)
+        and all(map(is_, record, managed))
+        and all(map(is_, record.values(), vals))  # not ==: 1 == True, which Lightning's write refuses
     ):
-        managed = plan.managed(layout)
-        _assign(plan.restore(managed), plan.restore(vals))
+        restore = t._plan.restore
+        _assign(restore(managed), restore(vals))
     else:
         _lightning_untoggle(module, opts, optimizer, inner)
     # Lightning assigns through nn.Module.__setattr__, which stores a dict in __dict__ (10x slower).
@@ -353,8 +359,10 @@ class Toggle(Generic[_OptT]):
 
     __slots__ = (
         "_entry",
+        "_exit_fn",
+        "_guard",
         "_inner",
-        "_key",
+        "_layout",
         "_managed",
         "_module",
         "_nested",
@@ -367,13 +375,16 @@ class Toggle(Generic[_OptT]):
         "_step",
         "_sync",
         "_sync_entered",
+        "_toggled",
         "_vals",
         "_zero_grad",
     )
 
     _entry: tuple[bool, ...] | None  # nested: every managed requires_grad found at the toggle
+    _exit_fn: weakref.ref[Any] | None  # the last __exit__ handed out (see _ExitGuard)
+    _guard: weakref.ref[Any] | None  # the __exit__ the with statement holds, watched while open
     _inner: Any  # the torch optimizer in _optimizer
-    _key: tuple[int, ...] | None  # the layout's ids at the toggle
+    _layout: list[Any] | None  # the layout at the toggle
     _managed: tuple[Any, ...] | None  # the managed parameters at the toggle
     _module: Any
     _nested: bool
@@ -386,6 +397,7 @@ class Toggle(Generic[_OptT]):
     _step: bool
     _sync: Any  # sync_grad=False: the strategy's block_backward_sync, then the context it made
     _sync_entered: bool
+    _toggled: tuple[int, ...]  # the toggled optimizer's positions in trainer.optimizers
     _vals: tuple[bool, ...] | None  # the user's view of every managed parameter (flat: the record's values)
     _zero_grad: bool
 
@@ -424,22 +436,32 @@ class Toggle(Generic[_OptT]):
             self._phase = _OPEN
             if not self._nested:
                 state.stack.append(self)
+            exit_fn = self._exit_fn() if self._exit_fn is not None else None
+            if exit_fn is not None:  # see _ExitGuard
+                self._guard = weakref.ref(exit_fn, self._exit_dropped)
+                del exit_fn  # a traceback through this frame must not keep it alive
             if self._sync is not None:
                 # Without gradient sync (DDP micro-batches) the block runs inside the strategy's
                 # no_sync, entered here and left on every exit.
                 self._sync = self._sync()
-                self._sync.__enter__()
-                self._sync_entered = True
+                self._sync_entered = bool(self._sync.__enter__()) or True  # one line: see _close
             if self._zero_grad:
                 self._optimizer.zero_grad()  # type: ignore[union-attr]
+            return self._optimizer  # type: ignore[return-value]
         except BaseException:
-            self._close()
+            _surely(self._close)
             raise
-        return self._optimizer  # type: ignore[return-value]
 
-    def __exit__(
+    if TYPE_CHECKING:
+
+        def __exit__(
+            self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        ) -> Literal[False]: ...
+
+    def _exit(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> Literal[False]:
+        """``__exit__``: step on a clean exit, then untoggle, whatever happens; never swallow."""
         optimizer = self._optimizer
         if self._phase == _MADE or optimizer is None:
             if exc_type is not None:
@@ -450,67 +472,109 @@ class Toggle(Generic[_OptT]):
                 optimizer.step()  # type: ignore[attr-defined]
         finally:
             # Already closed when an enclosing block that ended first unwound it (a generator holding
-            # a block): its untoggle is done, nothing more to do.
-            try:
-                self._close()
-            finally:
-                self._optimizer = None
+            # a block): its untoggle is done, _close does nothing more.
+            self._close()
+        self._optimizer = None
         return False  # never swallow
 
+    def _exit_dropped(self, ref: weakref.ref[Any]) -> None:
+        if self._guard is ref:  # the with statement let go of its __exit__ before the block was closed
+            self._close()
+
     # -- leaving -----------------------------------------------------------------------------
+    #
+    # Every step below is idempotent and marks itself done only once done, so that an interrupt
+    # (Ctrl-C) at any line, even the first of a function, where no try of its own can catch it, is
+    # made good by a retry: _surely's, or at the latest the _ExitGuard's when the with statement ends.
 
     def _close(self) -> None:
-        """Untoggle, unwinding first the toggles left open above this one; gradient sync resumes.
-        Safe to call again, and completes even if interrupted (every step is idempotent)."""
+        """Untoggle, unwinding first the toggles left open above this one; gradient sync resumes."""
         try:
             _surely(self._unwind)
         finally:
-            sync, self._sync = self._sync, None
             if self._sync_entered:
-                self._sync_entered = False
-                # Resumed as a clean exit: its own `finally` restores gradient sync; the exception in
-                # flight (if any) keeps propagating from our caller, unchanged.
-                sync.__exit__(None, None, None)
+                # One line, so that no interrupt falls between resuming sync and recording it.
+                self._sync_entered = bool(self._sync.__exit__(None, None, None)) and False
+        self._state = self._guard = self._exit_fn = self._sync = None
 
     def _unwind(self) -> None:
-        state = self._state
-        if state is not None and self in state.stack:  # by identity: Toggle has no __eq__
-            stack = state.stack
-            while stack:
-                top = stack[-1]
-                top._undo()
-                stack.pop()  # after the undo: an interrupt in between leaves it to be undone again
-                if top is self:
-                    break
-        self._undo()
+        """Undo this toggle and every toggle still open above it, innermost first; one that fails does
+        not stop the others (the first error propagates after)."""
+        stack = self._state.stack if self._state is not None else []
+        if stack and stack[-1] is self:  # the innermost, as usual
+            self._undo()
+            stack.pop()
+            return
+        at = next((i for i, t in enumerate(stack) if t is self), len(stack))
+        error: BaseException | None = None
+        for t in stack[at:][::-1] or [self]:
+            try:
+                t._undo()
+            except BaseException as e:  # re-raised below, after the others
+                if error is None:
+                    error = e
+        del stack[at:]
+        if error is not None:
+            raise error
 
     def _undo(self) -> None:
+        """Untoggle this toggle alone, then let go of what it holds."""
         if self._phase == _CLOSED:
             return
-        module, plan = self._module, self._plan
-        assert plan is not None
+        try:
+            self._untoggle()
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                self._untoggle()  # interrupted or failed partway: once more, to completion
+            self._let_go()
+            raise
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Closed: everything but the optimizer (its step may still come) and the state (_close) goes."""
+        self._phase = _CLOSED
+        self._module = self._inner = self._plan = self._layout = self._managed = None
+        self._vals = self._entry = self._record = self._prev_record = None
+
+    def _untoggle(self) -> None:
+        module = self._module
         if self._nested:
             assert self._managed is not None and self._entry is not None
             _assign(self._managed, self._entry)
             _put_record(module, self._prev_record)
         else:
-            assert self._key is not None
-            _untoggle_flat(module, plan, self._key, self._optimizer, self._inner, self._vals)
-        self._phase = _CLOSED
-        # Let go of everything but the optimizer (its step may still come) and the sync context.
-        self._module = self._inner = self._plan = self._state = self._key = self._managed = None
-        self._vals = self._entry = self._record = self._prev_record = None
+            _untoggle_flat(module, self)
 
     def _untoggle_statement(self) -> None:
         """``untoggle_optimizer`` called on a nested statement toggle: close it as a nested block."""
-        try:
-            _surely(self._unwind)
-        finally:
-            self._optimizer = None
+        _surely(self._close)
+        self._optimizer = None
 
     def __repr__(self) -> str:
         status = ("toggled", "open", "closed")[self._phase]
         return f"<toggleshim.Toggle {status} optimizer={type(self._optimizer).__name__}>"
+
+
+class _ExitGuard:
+    """``Toggle.__exit__``: the method ``Toggle._exit``, watched while its block is open.
+
+    A Ctrl-C can land before the first line of any Python ``__exit__`` runs, where no ``try`` of its
+    own can catch it: the block would stay open for good. So the ``__exit__`` handed to a ``with``
+    statement is a fresh bound method that the block, once entered, watches through a weak reference:
+    the ``with`` statement lets go of it when the block ends, by any path, and if that happens before
+    ``_exit`` closed the block, the block is closed then (``Toggle._exit_dropped``).
+    """
+
+    def __get__(self, toggle: Toggle[Any] | None, cls: Any = None) -> Any:
+        if toggle is None:
+            return Toggle._exit  # Toggle.__exit__(t, ...), contextlib.ExitStack
+        exit_fn = MethodType(Toggle._exit, toggle)
+        toggle._exit_fn = weakref.ref(exit_fn)  # __enter__, right after, watches it
+        return exit_fn
+
+
+if not TYPE_CHECKING:
+    Toggle.__exit__ = _ExitGuard()
 
 
 def _toggle_optimizer(
@@ -526,25 +590,30 @@ def _toggle_optimizer(
     inner = _unwrap(optimizer)
     sync = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)
     try:
-        layout = _layout(opts, optimizer, inner)
+        layout = _layout(opts)
     except Exception:
         _check_optimizer(optimizer)  # a clear TypeError for a non-optimizer, else the original error
         raise
-    state = _state(module)
-    key = tuple(map(id, layout))
-    plan = state.plans.get(key)
+    toggled = _toggled(opts, optimizer, inner)
+    state = _STATES.get(id(module))
+    if state is None or state.module() is not module:
+        state = _state(module)
+    cached = state.layout
+    if cached is None or len(layout) != len(cached) or not all(map(is_, layout, cached)):
+        state.layout, state.plans = layout, {}  # a new layout: forget the plans of the old one
+    plan = state.plans.get(toggled) if toggled else None
     if plan is None:
-        plan = _new_plan(module, opts, optimizer, layout)  # validates: raises before any change
-        if len(state.plans) >= _MAX_PLANS:
-            state.plans.clear()
-        state.plans[key] = plan
+        plan = _new_plan(module, optimizer, layout, toggled)  # validates: raises before any change
+        if toggled:  # an optimizer outside trainer.optimizers is planned at every toggle
+            state.plans[toggled] = plan
     managed: tuple[Any, ...] = plan.managed(layout)
     vals: tuple[bool, ...] = tuple(map(_requires_grad, managed))
 
     t: Toggle[_OptT] = _new(Toggle)
     t._module, t._state, t._optimizer, t._inner = module, state, optimizer, inner
     t._zero_grad, t._step, t._sync, t._sync_entered = zero_grad, step, sync, False
-    t._plan, t._key, t._managed, t._phase = plan, key, managed, _MADE
+    t._plan, t._layout, t._toggled, t._managed, t._phase = plan, layout, toggled, managed, _MADE
+    t._exit_fn = t._guard = None
     namespace = module.__dict__
     stack = state.stack
     t._nested = nested = bool(stack)
@@ -552,7 +621,7 @@ def _toggle_optimizer(
     if not nested:  # exactly Lightning's toggle: freeze all but the toggled optimizer's parameters
         t._entry = t._prev_record = None
         t._vals = vals
-        t._record = record = dict(zip(managed, vals))
+        t._record = record = plan.record_for(managed, vals)
         free = plan.free(managed)
         try:
             _assign(free, repeat(False))

@@ -1,0 +1,585 @@
+"""Robustness in long-lived processes: Ctrl-C at every line the package runs, failing
+``requires_grad`` writes, interleaved block lifetimes, edited records, error messages that cannot
+fail themselves, and nothing kept alive that Lightning would not keep (docs/guarantees.md).
+
+Stand-in trainers here (fast, one toggle per assertion); real ``Trainer.fit`` runs at the end."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from _fixtures import pl, state, three_heads
+from torch import nn
+
+import toggleshim
+from toggleshim import _toggle
+
+PACKAGE = str(Path(toggleshim.__file__).parent)
+
+
+def original(flavour: str, name: str) -> Any:
+    fn = vars(pl(flavour).LightningModule)[name]
+    return getattr(fn, "_toggleshim_original", fn)
+
+
+def open_toggles(module: Any) -> list[Any]:
+    s = _toggle._state_if_any(module)
+    return [] if s is None else list(s.stack)
+
+
+# -- Ctrl-C at every line ----------------------------------------------------------------------
+
+
+# Not the toggle's code: run by the garbage collector, or by the import system (toggleshim's import
+# hook, on the first import of a module), at any time.
+ASYNCHRONOUS = {"_drop_caches", "_forget", "find_spec"}
+
+
+class Interrupter:
+    """Raises ``KeyboardInterrupt`` at the ``k``-th line the package executes, as a SIGINT handler
+    would between two lines (``k=0``: only counts the lines). Python unsets a trace function that
+    raises, so there is exactly one interrupt."""
+
+    def __init__(self, k: int = 0) -> None:
+        self.k, self.lines = k, 0
+        self.raised: KeyboardInterrupt | None = None
+        self.where = ""
+
+    def __enter__(self) -> Interrupter:
+        sys.settrace(self._call)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.settrace(None)
+
+    def _call(self, frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_name in ASYNCHRONOUS:
+            return None
+        return self._line if frame.f_code.co_filename.startswith(PACKAGE) else None
+
+    def _line(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            self.lines += 1
+            if self.lines == self.k:
+                self.where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} ({frame.f_code.co_name})"
+                self.raised = KeyboardInterrupt(self.where)
+                raise self.raised
+        return self._line
+
+
+class SyncSpy:
+    """A strategy whose ``block_backward_sync`` records whether gradient sync is blocked."""
+
+    def __init__(self) -> None:
+        self.blocked = 0
+
+    def block_backward_sync(self) -> Any:
+        spy = self
+
+        class _Ctx:
+            def __enter__(self) -> None:
+                spy.blocked += 1
+
+            def __exit__(self, *exc: object) -> None:
+                spy.blocked -= 1
+
+        return _Ctx()
+
+
+def _flat(m: Any) -> None:
+    with m.toggle_optimizer(m.opts[0]):
+        pass
+
+
+def _flat_no_sync(m: Any) -> None:
+    with m.toggle_optimizer(m.opts[0], sync_grad=False):
+        pass
+
+
+def _nested(m: Any) -> None:
+    with m.toggle_optimizer(m.opts[0], zero_grad=False), m.toggle_optimizer(m.opts[1]):
+        pass
+
+
+def _statement(m: Any) -> None:
+    m.toggle_optimizer(m.opts[0])
+    m.untoggle_optimizer(m.opts[0])
+
+
+def _statement_in_block(m: Any) -> None:
+    with m.toggle_optimizer(m.opts[0], step=False):
+        m.toggle_optimizer(m.opts[1])
+        m.untoggle_optimizer(m.opts[1])
+
+
+SCENARIOS: dict[str, Callable[[Any], None]] = {
+    "flat block": _flat,
+    "flat block, sync_grad=False": _flat_no_sync,
+    "nested blocks": _nested,
+    "statement toggle": _statement,
+    "statement toggle inside a block": _statement_in_block,
+}
+
+
+def _module(flavour: str, cached: bool, scenario: Callable[[Any], None]) -> tuple[Any, SyncSpy]:
+    m = three_heads(flavour, n_opt=3, frozen=True, shared=True)
+    spy = SyncSpy()
+    m._trainer.strategy = spy
+    if cached:
+        scenario(m)  # every plan the scenario needs is cached
+    return m, spy
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["new plan", "cached plan"])
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_ctrl_c_at_every_line_leaves_nothing_behind(flavour: str, scenario: str, cached: bool) -> None:
+    """``KeyboardInterrupt`` at each line the package runs: it propagates unchanged; ``requires_grad``
+    is the user's state before, or (an interrupt before the block began: after the toggle, before
+    ``__enter__``'s first line) what Lightning's manual sequence leaves when interrupted right after
+    its toggle; nothing stays open on the module, gradient sync is resumed, the module is collectable,
+    and the next block is a flat one."""
+    run = SCENARIOS[scenario]
+    m, _ = _module(flavour, cached, run)
+    before = state(m)
+    with Interrupter() as counter:
+        run(m)
+    assert state(m) == before and not open_toggles(m)
+    lines = counter.lines
+    assert lines > 20, lines  # the tracer sees the package
+    twin = three_heads(flavour, n_opt=3, frozen=True, shared=True)
+    original(flavour, "toggle_optimizer")(twin, twin.opts[0])
+    toggled = state(twin)  # Lightning's manual sequence, interrupted right after its toggle
+
+    outcomes: dict[str, int] = {}
+    for k in range(1, lines + 1):
+        m, spy = _module(flavour, cached, run)
+        with Interrupter(k) as inter:
+            try:
+                run(m)
+            except KeyboardInterrupt as caught:
+                assert caught is inter.raised, (k, inter.where)
+            else:
+                raise AssertionError(f"line {k} ({inter.where}): the interrupt did not propagate")
+        after = state(m)
+        assert after in (before, toggled), (k, inter.where, after)
+        outcomes["before" if after == before else "toggled"] = outcomes.get("before" if after == before else "toggled", 0) + 1
+        assert not open_toggles(m), (k, inter.where)
+        assert spy.blocked == 0, (k, inter.where)
+        if after == toggled and after != before:  # as after Lightning's toggle: the user untoggles
+            m.untoggle_optimizer(m.opts[0])
+            assert state(m) == before, (k, inter.where)
+        # the next block is a flat one, exactly Lightning's toggle
+        with m.toggle_optimizer(m.opts[1], zero_grad=False, step=False):
+            stack = open_toggles(m)
+            assert len(stack) == 1 and not stack[0]._nested, (k, inter.where)
+            expected = three_heads(flavour, n_opt=3, frozen=True, shared=True)
+            original(flavour, "toggle_optimizer")(expected, expected.opts[1])
+            assert state(m) == state(expected), (k, inter.where)
+        assert state(m) == before and not open_toggles(m)
+        inter.raised = None
+        ref = weakref.ref(m)
+        del m
+        if ref() is not None:  # freed by reference counting as a rule; a cycle needs the collector
+            gc.collect()
+        assert ref() is None, (k, inter.where)
+    assert outcomes.get("before", 0) > lines // 2, outcomes
+
+
+def test_ctrl_c_before_exit_runs_closes_the_block(flavour: str) -> None:
+    """An interrupt at the very first line of ``__exit__`` (no ``try`` of its own can catch it): the
+    block is closed when the ``with`` statement lets go of its ``__exit__``."""
+    m = three_heads(flavour, n_opt=3)
+    before = state(m)
+    with m.toggle_optimizer(m.opts[0]):
+        pass  # cached plan
+    exit_fn = _toggle.Toggle._exit
+    first_line = exit_fn.__code__.co_firstlineno
+
+    class AtExit(Interrupter):
+        def _line(self, frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and frame.f_code is exit_fn.__code__ and self.raised is None:
+                self.where = f"line {frame.f_lineno} of _exit (def at {first_line})"
+                self.raised = KeyboardInterrupt(self.where)
+                raise self.raised
+            return self._line
+
+    with AtExit() as inter, pytest.raises(KeyboardInterrupt) as caught:
+        with m.toggle_optimizer(m.opts[0]):
+            assert state(m) != before
+    assert caught.value is inter.raised
+    assert state(m) == before and not open_toggles(m)
+
+
+# -- failing writes: all or nothing --------------------------------------------------------------
+
+
+class Refusing(nn.Parameter):
+    """A parameter whose ``requires_grad`` setter refuses one value (subclasses and hooks can)."""
+
+    refuse: bool | None = None
+    errors: list[BaseException] = []
+
+    @property  # type: ignore[override]
+    def requires_grad(self) -> bool:
+        return torch._C.TensorBase.requires_grad.__get__(self)  # type: ignore[attr-defined,no-any-return]
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        if value is self.refuse:
+            error = RuntimeError(f"refused requires_grad={value}")
+            Refusing.errors.append(error)
+            raise error
+        torch._C.TensorBase.requires_grad.__set__(self, value)  # type: ignore[attr-defined]
+
+
+def six(flavour: str) -> Any:
+    """Six parameters p0..p5, three optimizers of two each; p2..p5 refuse on demand."""
+
+    class Six(pl(flavour).LightningModule):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.ps = nn.ParameterList(
+                [nn.Parameter(torch.ones(1)) for _ in range(2)] + [Refusing(torch.ones(1)) for _ in range(4)]
+            )
+
+    m = Six()
+    ps = list(m.ps)
+    m.opts = [torch.optim.SGD(ps[i : i + 2], lr=0.1) for i in (0, 2, 4)]
+    m._trainer = SimpleNamespace(optimizers=m.opts, strategy=SimpleNamespace())
+    return m
+
+
+def rg(m: Any) -> list[int]:
+    return [int(p.requires_grad) for p in m.ps]
+
+
+def test_a_toggle_that_cannot_freeze_changes_nothing(flavour: str) -> None:
+    m = six(flavour)
+    m.ps[3].refuse = False  # the fourth parameter cannot be frozen
+    record = m.__dict__.get("_param_requires_grad_state")
+    Refusing.errors.clear()
+    with pytest.raises(RuntimeError, match="refused") as caught:
+        m.toggle_optimizer(m.opts[0])
+    assert caught.value is Refusing.errors[0]
+    assert rg(m) == [1, 1, 1, 1, 1, 1] and m._param_requires_grad_state is record and not open_toggles(m)
+    # Lightning's own toggle leaves the parameters before it frozen, with no record to undo them.
+    lightning = six(flavour)
+    lightning.ps[3].refuse = False
+    with pytest.raises(RuntimeError, match="refused"):
+        original(flavour, "toggle_optimizer")(lightning, lightning.opts[0])
+    assert rg(lightning) == [0, 0, 0, 1, 1, 1]
+    with pytest.raises(RuntimeError, match="refused"):  # the block too
+        with m.toggle_optimizer(m.opts[0]):
+            raise AssertionError("the body must not run")
+    assert rg(m) == [1, 1, 1, 1, 1, 1] and not open_toggles(m)
+
+
+def test_an_exit_that_cannot_restore_one_parameter_restores_the_others(flavour: str) -> None:
+    m = six(flavour)
+    Refusing.errors.clear()
+    with pytest.raises(RuntimeError, match="refused requires_grad=True") as caught:
+        with m.toggle_optimizer(m.opts[0], zero_grad=False, step=False):
+            assert rg(m) == [1, 1, 0, 0, 0, 0]
+            m.ps[2].refuse = True  # the first parameter the exit restores refuses
+    assert caught.value is Refusing.errors[0]
+    assert rg(m) == [1, 1, 0, 1, 1, 1] and not open_toggles(m)
+    m.ps[2].refuse = None
+    with m.toggle_optimizer(m.opts[1], zero_grad=False, step=False):  # usable again, flat
+        assert len(open_toggles(m)) == 1 and rg(m) == [0, 0, 0, 1, 0, 0]
+
+
+def test_a_nested_toggle_that_cannot_freeze_leaves_the_outer_block_intact(flavour: str) -> None:
+    """Nested over A inside C, C's second parameter refusing to be frozen: the nested toggle changes
+    nothing; after the outermost block the user's state is back."""
+    m = six(flavour)
+    with m.toggle_optimizer(m.opts[2], zero_grad=False, step=False):
+        inside = rg(m)
+        m.ps[5].refuse = False
+        with pytest.raises(RuntimeError, match="refused"):
+            m.toggle_optimizer(m.opts[0])
+        assert rg(m) == inside == [0, 0, 0, 0, 1, 1] and len(open_toggles(m)) == 1
+    assert rg(m) == [1, 1, 1, 1, 1, 1] and not open_toggles(m)
+
+
+# -- interleaved lifetimes ---------------------------------------------------------------------
+
+
+def test_a_block_outlived_by_its_nested_block_never_replaces_the_exception(flavour: str) -> None:
+    """A generator holds a block over A; its caller opens a block over B; the generator ends first
+    (unwinding B). B's exit must let B's exception through unchanged, and step on a clean exit."""
+    m = three_heads(flavour, n_opt=3)
+    before = state(m)
+
+    def holder() -> Iterator[None]:
+        with m.toggle_optimizer(m.opts[0], zero_grad=False, step=False):
+            yield
+
+    steps: list[int] = []
+    m.opts[1].step = lambda *a, **k: steps.append(1)  # type: ignore[method-assign]
+    for fail in (True, False):
+        gen = holder()
+        next(gen)
+        error = ValueError("from the body")
+        with pytest.raises(ValueError) if fail else _nothing() as caught:
+            with m.toggle_optimizer(m.opts[1], zero_grad=False):
+                next(gen, None)  # the generator's block ends first
+                assert state(m) == before
+                if fail:
+                    raise error
+        if fail:
+            assert caught.value is error
+        assert state(m) == before and not open_toggles(m)
+    assert steps == [1]
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+# -- records edited inside a block: as Lightning's untoggle reads them -----------------------------
+
+
+class _FakeDict(dict):  # type: ignore[type-arg]
+    """Reports ``dict`` as its class and inverts what it holds."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # type: ignore[override]
+        return dict
+
+    def __getitem__(self, key: Any) -> Any:
+        return not super().__getitem__(key)
+
+
+class _Impostor:
+    """A key with a parameter's hash whose ``__eq__`` has a side effect (and answers True)."""
+
+    def __init__(self, param: Any, calls: list[int]) -> None:
+        self.param, self.calls = param, calls
+
+    def __hash__(self) -> int:
+        return hash(self.param)
+
+    def __eq__(self, other: object) -> bool:
+        self.calls.append(1)
+        return True
+
+
+def _edit_fake(m: Any) -> None:
+    m._param_requires_grad_state = _FakeDict(m._param_requires_grad_state)
+
+
+def _edit_impostor(m: Any) -> None:
+    record = m._param_requires_grad_state
+    victim = list(m.opts[2].param_groups[0]["params"])[0]
+    value = record.pop(victim)
+    m.calls = []
+    record[_Impostor(victim, m.calls)] = not value
+
+
+def _edit_delete(m: Any) -> None:
+    del m._param_requires_grad_state
+
+
+@pytest.mark.parametrize(
+    "edit", [_edit_fake, _edit_impostor, _edit_delete], ids=["dict subclass faking __class__", "key with __eq__", "deleted"]
+)
+def test_edited_record_exit_is_lightnings_untoggle(flavour: str, edit: Callable[[Any], None]) -> None:
+    results = []
+    for shim in (True, False):
+        m = three_heads(flavour, n_opt=3, frozen=True)
+        if shim:
+            with m.toggle_optimizer(m.opts[0], zero_grad=False, step=False):
+                pass  # a cached plan: the fast exit is what is under test
+        error: BaseException | None = None
+        try:
+            if shim:
+                with m.toggle_optimizer(m.opts[0], zero_grad=False, step=False):
+                    edit(m)
+            else:
+                original(flavour, "toggle_optimizer")(m, m.opts[0])
+                edit(m)
+                original(flavour, "untoggle_optimizer")(m, m.opts[0])
+        except Exception as e:
+            error = e
+        results.append((state(m), type(error), str(error), len(getattr(m, "calls", []))))
+        assert not open_toggles(m)
+    assert results[0] == results[1]
+    assert results[0][0] != state(three_heads(flavour, n_opt=3, frozen=True)) or results[0][1] is not None
+
+
+# -- bad input: messages that cannot fail ------------------------------------------------------------
+
+
+class _BadRepr:
+    param_groups = None
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr exploded")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [_BadRepr(), SimpleNamespace(param_groups=[{"params": [1, 2]}]), SimpleNamespace(param_groups=[{"params": ["w"]}])],
+    ids=["raising repr", "ints", "strings"],
+)
+def test_bad_optimizer_messages_never_fail(flavour: str, bad: Any) -> None:
+    m = three_heads(flavour)
+    before = state(m)
+    with pytest.raises(TypeError, match="expects an optimizer|where a parameter"):
+        m.toggle_optimizer(bad)
+    assert state(m) == before and not open_toggles(m)
+
+
+def test_a_trainer_optimizer_holding_a_non_tensor_is_named(flavour: str) -> None:
+    m = three_heads(flavour)
+    m.opts[1].param_groups[0]["params"].append(7)
+    before = state(m)
+    with pytest.raises(TypeError, match=r"builtins\.int \(7\) where a parameter"):
+        m.toggle_optimizer(m.opts[0])
+    assert state(m) == before
+
+
+@pytest.mark.parametrize(
+    "value",
+    [2, -1, 0, 1, None, "yes", 1.0, pytest.param("numpy", id="numpy.True_"), pytest.param("tensor", id="tensor(True)")],
+)
+def test_flags_are_exactly_true_or_false(flavour: str, value: Any) -> None:
+    """One rule: each flag is the bool ``True`` or ``False``; anything else (``1``, ``numpy.True_``,
+    ``torch.tensor(True)``) is a TypeError naming the flag, before anything changes."""
+    if value == "numpy":
+        np = pytest.importorskip("numpy")
+        value = np.True_
+    elif value == "tensor":
+        value = torch.tensor(True)
+    m = three_heads(flavour)
+    before = state(m)
+    for flag in ("zero_grad", "step", "sync_grad"):
+        with pytest.raises(TypeError, match=f"{flag} must be True or False"):
+            m.toggle_optimizer(m.opts[0], **{flag: value})
+        assert state(m) == before and not open_toggles(m)
+    with m.toggle_optimizer(m.opts[0], zero_grad=False, step=True, sync_grad=True):
+        pass
+
+
+def test_reloading_the_private_module_keeps_lightning_optimizers_unwrapped() -> None:
+    """``importlib.reload(toggleshim._toggle)`` (in a fresh process): a ``LightningOptimizer`` is still
+    toggled as Lightning toggles it (its inner optimizer is the toggled one)."""
+    code = textwrap.dedent(
+        """
+        import importlib, torch
+        from types import SimpleNamespace
+        import lightning.pytorch as pl
+        from lightning.pytorch.core.optimizer import LightningOptimizer
+        import toggleshim, toggleshim._toggle
+        importlib.reload(toggleshim._toggle)
+        m = pl.LightningModule()
+        m.a, m.b = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+        opts = [torch.optim.SGD(m.a.parameters(), lr=1), torch.optim.SGD(m.b.parameters(), lr=1)]
+        m._trainer = SimpleNamespace(optimizers=opts, strategy=SimpleNamespace())
+        wrapped = LightningOptimizer(opts[0])
+        with m.toggle_optimizer(wrapped, zero_grad=False, step=False):
+            inside = [p.requires_grad for p in m.parameters()]
+        m.toggle_optimizer(wrapped)
+        m.untoggle_optimizer(wrapped)
+        print(inside, [p.requires_grad for p in m.parameters()])
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == "[True, True, False, False] [True, True, True, True]".split()
+
+
+# -- nothing kept alive that Lightning would not -----------------------------------------------------
+
+
+def _lightning_optimizer(flavour: str) -> type:
+    return __import__(f"{flavour}.core.optimizer", fromlist=["LightningOptimizer"]).LightningOptimizer  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("how", ["block", "statement"])
+def test_no_class_is_kept_per_lightning_optimizer(flavour: str, how: str) -> None:
+    """Lightning makes a class for every ``LightningOptimizer``: none may outlive its wrapper."""
+    m = three_heads(flavour, n_opt=2)
+    wrapper_cls = _lightning_optimizer(flavour)
+    classes = []
+    for _ in range(300):
+        w = wrapper_cls(m.opts[0])
+        if how == "block":
+            with m.toggle_optimizer(w, zero_grad=False, step=False):
+                pass
+        else:
+            m.toggle_optimizer(w)
+            m.untoggle_optimizer(w)
+        classes.append(weakref.ref(type(w)))
+        del w
+    gc.collect()
+    assert sum(c() is not None for c in classes) == 0
+
+
+def test_replaced_parameters_are_freed(flavour: str) -> None:
+    """Model surgery: a head replaced again and again (new optimizers, or its parameters swapped inside
+    a living optimizer). The old heads die as they do without toggleshim: at once when the optimizers
+    are re-created and the next toggle runs, else at the next full collection."""
+    m = three_heads(flavour, n_opt=3)
+    old: list[weakref.ref[Any]] = []
+    for round_ in range(6):
+        old += [weakref.ref(p) for p in m.c.parameters()]
+        m.c = nn.Linear(2, 2)
+        if round_ % 2:
+            m.opts[2].param_groups[0]["params"] = list(m.c.parameters())  # in place
+        else:
+            m.opts = [*m.opts[:2], torch.optim.SGD(m.c.parameters(), lr=0.1)]
+            m._trainer.optimizers = m.opts
+        for k in range(3):
+            with m.toggle_optimizer(m.opts[k], zero_grad=False, step=False):
+                pass
+        m.toggle_optimizer(m.opts[1])
+        m.untoggle_optimizer(m.opts[1])
+    gc.collect()
+    assert [r() for r in old if r() is not None] == []
+    # swapped in place after the last toggle: freed by the next full collection
+    last = [weakref.ref(p) for p in m.c.parameters()]
+    m.c = nn.Linear(2, 2)
+    m.opts[2].param_groups[0]["params"] = list(m.c.parameters())
+    gc.collect()
+    assert all(r() is None for r in last)
+
+
+def test_nothing_outlives_the_module_and_its_optimizers(flavour: str) -> None:
+    m = three_heads(flavour, n_opt=3, shared=True)
+    wrapper = _lightning_optimizer(flavour)(m.opts[1])
+    with m.toggle_optimizer(m.opts[0]), m.toggle_optimizer(wrapper, zero_grad=False, step=False):
+        m.toggle_optimizer(m.opts[2])
+    m.toggle_optimizer(m.opts[2])
+    m.untoggle_optimizer(m.opts[2])
+    refs = [weakref.ref(x) for x in (m, *m.opts, type(wrapper), *m.parameters())]
+    del m, wrapper
+    gc.collect()
+    assert [r() for r in refs if r() is not None] == []
+
+
+def test_long_lived_process_holds_a_bounded_state(flavour: str) -> None:
+    """Many modules and optimizers come and go (a sweep, a notebook): toggleshim's own tables end empty."""
+    gc.collect()
+    states = len(_toggle._STATES)
+    for _ in range(50):
+        m = three_heads(flavour, n_opt=3)
+        for k in (0, 1, 2, 0):
+            with m.toggle_optimizer(m.opts[k], zero_grad=False, step=False):
+                pass
+        del m
+    gc.collect()
+    assert len(_toggle._STATES) == states
