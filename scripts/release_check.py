@@ -30,7 +30,9 @@ def source_version(root: Path = ROOT) -> str:
     (setuptools reads it the same way without importing, see ``[tool.setuptools.dynamic]``)."""
     tree = ast.parse((root / NAME / "__init__.py").read_text(encoding="utf-8"))
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if any(isinstance(t, ast.Name) and t.id == "__version__" for t in targets):
+            assert isinstance(node, ast.Assign)
             if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
                 return node.value.value
             raise ValueError("__version__ in toggleshim/__init__.py is not a string literal")
