@@ -188,11 +188,88 @@ def test_withdrawn_releases_appear_only_as_exclusions() -> None:
         assert re.search(rf"^{dist}!=2\.6\.2,!=2\.6\.3$", base, re.MULTILINE), dist
 
 
-def test_every_action_is_pinned_to_a_full_version() -> None:
+USES = re.compile(r"^\s*(?:-\s+)?uses:\s*(?P<ref>\S+)(?P<rest>.*)$")
+PIN = re.compile(r"(?P<action>[\w.-]+/[\w./-]+)@(?P<sha>[0-9a-f]{40})")
+PIN_COMMENT = re.compile(r"\s+# (?P<version>v\d+\.\d+\.\d+)")
+
+
+def _pins(path: Path) -> list[tuple[int, str, str, str]]:
+    """(line, action, sha, version) of every ``uses:`` in a workflow file, read as text: the version
+    lives in a comment, which YAML drops. A ``uses:`` that does not parse as a pin fails here."""
+    pins = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        m = USES.match(line)
+        if not m:
+            continue
+        pin, comment = PIN.fullmatch(m.group("ref")), PIN_COMMENT.fullmatch(m.group("rest"))
+        assert pin and comment, f"{path.name}:{number}: not `owner/repo@<40-hex sha> # vX.Y.Z`: {line.strip()}"
+        pins.append((number, pin.group("action"), pin.group("sha"), comment.group("version")))
+    return pins
+
+
+def test_every_action_is_pinned_to_a_commit_sha_with_its_version() -> None:
+    """Every ``uses:`` names a full commit SHA (a tag can be moved, a commit cannot) with the release
+    tag as a comment; one action and version have one SHA everywhere, and docs/releasing.md lists
+    each pin (that table is where the SHAs were read from the actions' own repositories)."""
+    releasing = (ROOT / "docs" / "releasing.md").read_text()
+    seen: dict[tuple[str, str], str] = {}
+    count = 0
     for path in WORKFLOWS:
-        for where, node in _walk(_load(path)):
-            if where and where[-1] == "uses":
-                assert re.fullmatch(r"[\w.-]+/[\w./-]+@v\d+\.\d+\.\d+", node), f"{path.name}: {node}"
+        for number, action, sha, version in _pins(path):
+            count += 1
+            assert seen.setdefault((action, version), sha) == sha, f"{path.name}:{number}: {action} {version}: two SHAs"
+            row = f"| `{action}` | {version} | `{sha}` |"
+            assert row in releasing, f"{path.name}:{number}: docs/releasing.md has no row {row}"
+    yaml_uses = sum(1 for path in WORKFLOWS for where, _ in _walk(_load(path)) if where and where[-1] == "uses")
+    assert count == yaml_uses > 0, "a `uses:` the line scan missed (or the YAML has none)"
+
+
+def test_checkouts_persist_no_credentials_and_permissions_are_least() -> None:
+    """No job keeps the token in .git/config; nothing is granted by default; only the release's
+    publish job may mint an OIDC token or write anything; every job is named and time-limited."""
+    for path in WORKFLOWS:
+        workflow = _load(path)
+        assert workflow.get("permissions") in ({}, {"contents": "read"}), f"{path.name}: top-level permissions"
+        for name, job in workflow["jobs"].items():
+            assert job.get("name") and job.get("timeout-minutes"), f"{path.name}: job {name}: name, timeout-minutes"
+            for step in job.get("steps", []):
+                if str(step.get("uses", "")).startswith("actions/checkout@"):
+                    assert step.get("with", {}).get("persist-credentials") is False, f"{path.name}: {name}"
+            perms = job.get("permissions")
+            assert isinstance(perms, dict), f"{path.name}: job {name} must state its permissions"
+            writes = {k for k, v in perms.items() if v == "write"}
+            if (path.name, name) == ("release.yml", "publish"):
+                assert perms == {"id-token": "write", "attestations": "write"}, perms
+            else:
+                assert not writes, f"{path.name}: job {name} writes {writes}"
+                assert set(perms) <= {"contents"}, f"{path.name}: job {name}: {perms}"
+
+
+# the release workflow
+
+
+def test_release_builds_once_checks_the_tag_and_publishes_from_a_protected_job() -> None:
+    release = _load(ROOT / ".github" / "workflows" / "release.yml")
+    assert _triggers(release) == {"push": {"tags": ["v*"]}}
+    build, publish = release["jobs"]["build"], release["jobs"]["publish"]
+    runs = _runs(build)
+    assert "python -m build" in runs and "twine check --strict" in runs
+    assert re.search(r"scripts/release_check\.py --tag \"\$TAG\"", runs)
+    uploads = [s for s in build["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@")]
+    assert any(s["with"]["name"] == "dist" and s["with"]["path"] == "dist/" for s in uploads)
+    # publish: after build, in the protected environment, nothing checked out or built there
+    assert publish["needs"] == "build" and publish["environment"]["name"] == "pypi"
+    uses = [str(s.get("uses", "")) for s in publish["steps"]]
+    assert not any(u.startswith("actions/checkout@") for u in uses)
+    assert any(u.startswith("actions/download-artifact@") for u in uses)
+    assert any(u.startswith("actions/attest@") for u in uses)
+    assert "python -m build" not in _runs(publish)
+    assert re.search(r"\btwine upload\b.*dist/\*", _runs(publish))
+    # the tools come from the lock file, checked by hash
+    assert "--require-hashes" in runs and "--require-hashes" in _runs(publish)
+    lock = (ROOT / "constraints" / "release.txt").read_text()
+    for tool in ("build", "setuptools", "twine"):
+        assert re.search(rf"^{tool}==\S+ \\\n\s+--hash=sha256:[0-9a-f]{{64}}", lock, re.MULTILINE), tool
 
 
 # the jobs
@@ -232,6 +309,7 @@ def test_nightly_runs_deep_profile_and_check_on_the_newest_lightning(ci: dict[An
 
 def test_lint_and_typecheck_jobs(ci: dict[Any, Any]) -> None:
     assert "ruff check toggleshim tests property_tests" in _runs(ci["jobs"]["lint"])
+    assert re.search(r"^zizmor --offline .*\.github$", _runs(ci["jobs"]["lint"]), re.MULTILINE)
     assert re.search(r"^mypy\b", _runs(ci["jobs"]["typecheck"]), re.MULTILINE)
 
 
