@@ -192,7 +192,7 @@ def _targets(node: cst.CSTNode) -> Iterator[cst.BaseExpression]:
         elif isinstance(sub, cst.AsName) and isinstance(sub.name, cst.BaseExpression):
             yield from _unpack(sub.name)
         elif isinstance(sub, cst.ImportAlias):
-            name: cst.BaseExpression = sub.asname.name if sub.asname is not None else sub.name  # type: ignore[assignment]
+            name: cst.BaseExpression = sub.asname.name if sub.asname is not None else sub.name
             while isinstance(name, cst.Attribute):  # `import a.b` binds `a`
                 name = name.value
             if isinstance(name, cst.Name):
