@@ -13,15 +13,11 @@ restatement of the rules expects. ``tests/test_migrate_trainer.py`` covers the r
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
+from _migrate_world import assert_same_world, migrated, on_stand_in, render  # tests/ is on pytest's pythonpath
 from hypothesis import example, given
 from hypothesis import strategies as st
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-from _migrate_world import assert_same_world, migrated, on_stand_in, render  # noqa: E402
 
 # how each optimizer may be written (index k): a name bound from self.optimizers(), an index, an attribute
 SPELLINGS = (("g_opt", "opts[0]", "self.o0"), ("d_opt", "opts[1]", "self.o1"))
