@@ -549,6 +549,11 @@ def _add_import(module: cst.Module) -> cst.Module:
     lead = [cst.EmptyLine(comment=cst.Comment(_IMPORT_COMMENT))]
     if pos == 1 and not is_import(body[0]):
         lead.insert(0, cst.EmptyLine())  # right after the docstring: a blank line first
+    if pos < len(body) and not (pos and is_import(body[pos - 1])):
+        # no import run to join: blank lines between the new import and the code (PEP 8's two before a def)
+        after = body[pos]
+        blank = [cst.EmptyLine()] * (2 if isinstance(after, (cst.FunctionDef, cst.ClassDef)) else 1)
+        body[pos] = after.with_changes(leading_lines=[*blank, *after.leading_lines])
     body.insert(pos, new.with_changes(leading_lines=lead))
     return module.with_changes(body=body)
 
@@ -633,6 +638,17 @@ def _read(path: str) -> bytes:
         return fh.read()
 
 
+def _syntax_error(source: bytes, path: str, exc: cst.ParserSyntaxError) -> str:
+    """``line:column: cannot parse: why``, in Python's own words where Python agrees it does not parse."""
+    try:
+        compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as py:
+        return f"{py.lineno}:{py.offset}: cannot parse: {py.msg}"
+    except ValueError:  # null bytes
+        pass
+    return f"{exc.raw_line}:{exc.raw_column + 1}: cannot parse: {exc.message}"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="toggleshim migrate",
@@ -679,7 +695,7 @@ def main(argv: list[str]) -> int:
         try:
             result = migrate_source(source, path)
         except cst.ParserSyntaxError as exc:
-            sys.stderr.write(f"{path}:{exc.raw_line}:{exc.raw_column + 1}: cannot parse: {exc.message}; skipped\n")
+            sys.stderr.write(f"{path}:{_syntax_error(source, path, exc)}; skipped\n")
             failed += 1
             continue
         except (UnicodeDecodeError, SyntaxError) as exc:  # a bad coding cookie or undecodable bytes
