@@ -37,8 +37,9 @@ class Module(pl.LightningModule):
         self.trace = []
 
     def observe(self):
-        """Reads every gradient and requires_grad (so it is no inert line)."""
-        self.trace.append([(p.requires_grad, None if p.grad is None else p.grad.clone()) for p in self.parameters()])
+        """Reads every parameter, gradient and requires_grad (so it is no inert line)."""
+        self.trace.append([(p.requires_grad, p.detach().clone(), None if p.grad is None else p.grad.clone())
+                           for p in self.parameters()])
 
     def loss(self, x, which):
         net = self.a if which == 0 else self.b

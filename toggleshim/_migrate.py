@@ -168,7 +168,7 @@ def _escape(node: cst.CSTNode, in_loop: bool = False) -> str | None:
         return "a return"
     if isinstance(node, (cst.Yield, cst.Await)):
         return f"{'a yield' if isinstance(node, cst.Yield) else 'an await'}"
-    if isinstance(node, (cst.For, cst.With)) and node.asynchronous is not None:
+    if isinstance(node, (cst.For, cst.With, cst.CompFor)) and node.asynchronous is not None:
         return "an async loop or block (it awaits)"
     if isinstance(node, (cst.Break, cst.Continue)) and not in_loop:
         return f"a {'break' if isinstance(node, cst.Break) else 'continue'}"
