@@ -2,7 +2,7 @@
 command as users run it (fresh subprocesses, piped and on a terminal) with bad input.
 
 Training equivalence of every rule is in ``tests/test_migrate_trainer.py`` (real ``Trainer.fit``) and
-``property_tests/test_migrate.py`` (Hypothesis).
+``property_tests/test_migrate_property.py`` (Hypothesis).
 """
 
 from __future__ import annotations
