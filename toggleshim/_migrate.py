@@ -565,7 +565,8 @@ def migrate_source(source: bytes, path: str = "<string>") -> _FileResult:
     new = migrator.run()
     if migrator.migrated:
         new = _add_import(new)
-    return _FileResult(path, source, new.bytes if new is not module else source, migrator.spans, migrator.other)
+    spans = sorted(migrator.spans, key=lambda s: s.line)
+    return _FileResult(path, source, new.bytes if new is not module else source, spans, sorted(migrator.other))
 
 
 # -- files and the command -----------------------------------------------------------------------
