@@ -8,6 +8,7 @@ runs on Lightning's own methods (the patch uninstalled), the migrated one on the
 
 from __future__ import annotations
 
+import importlib
 import textwrap
 from types import SimpleNamespace
 from typing import Any
@@ -16,12 +17,13 @@ import torch
 
 import toggleshim
 from toggleshim._migrate import migrate_source
+from toggleshim.testing import installed_flavours
 
 TEMPLATE = '''\
 """A two-optimizer module (rendered by tests/_migrate_world.py)."""
 import torch
 from torch import nn
-import lightning.pytorch as pl
+import FLAVOUR as pl
 
 
 class Module(pl.LightningModule):
@@ -64,9 +66,11 @@ BODY
 BATCHES = 3
 
 
-def render(body: str) -> str:
-    """The module source with ``body`` (statement style, unindented) as training_step's tail."""
-    return TEMPLATE.replace("BODY", textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8))
+def render(body: str, flavour: str | None = None) -> str:
+    """The module source with ``body`` (statement style, unindented) as training_step's tail, on the
+    Lightning ``flavour`` (default: the first installed one)."""
+    source = TEMPLATE.replace("FLAVOUR", flavour or installed_flavours()[0])
+    return source.replace("BODY", textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8))
 
 
 def migrated(source: str) -> str:
@@ -93,10 +97,9 @@ def _world(module: Any, optimizers: list[Any], global_step: int) -> dict[str, An
     }
 
 
-def fit(source: str, patched: bool) -> dict[str, Any]:
-    """Train the module of ``source`` in a real Trainer.fit; the world afterwards."""
-    import lightning.pytorch as pl
-
+def fit(source: str, patched: bool, flavour: str | None = None) -> dict[str, Any]:
+    """Train the module of ``source`` in a real Trainer.fit of ``flavour``; the world afterwards."""
+    pl = importlib.import_module(flavour or installed_flavours()[0])
     toggleshim.install() if patched else toggleshim.uninstall()
     try:
         torch.manual_seed(0)

@@ -155,16 +155,16 @@ RULES: dict[str, tuple[str, list[str]]] = {
 
 
 @pytest.mark.parametrize("rule", list(RULES))
-def test_migrated_module_trains_bit_identically_in_trainer_fit(rule: str) -> None:
+def test_migrated_module_trains_bit_identically_in_trainer_fit(flavour: str, rule: str) -> None:
     body, expected = RULES[rule]
-    original = render(body)
+    original = render(body, flavour)
     new = migrated(original)
     with_lines = [line.strip() for line in new.splitlines() if line.strip().startswith("with self.toggle")]
     assert with_lines == expected
     code = [line.split("#")[0].strip() for line in new.splitlines()]
     assert not [c for c in code if c.startswith(("self.toggle_optimizer", "self.untoggle_optimizer"))]
-    before = fit(original, patched=False)
-    after = fit(new, patched=True)
+    before = fit(original, patched=False, flavour=flavour)
+    after = fit(new, patched=True, flavour=flavour)
     assert after["global_step"] > 0 and after["trace"], "the step ran"
     assert_same_world(before, after)
 
