@@ -245,6 +245,11 @@ def check(examples: int, seed: int, flavours: list[str] | None, json_path: str |
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["migrate"]:  # `toggleshim migrate` (docs/migrate.md); imported only when used
+        from toggleshim import _migrate
+
+        return _migrate.main(args_in[1:])
     parser = argparse.ArgumentParser(prog="toggleshim", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("check", help="check toggling on the installed Lightning (every flavour)")

@@ -1,0 +1,162 @@
+"""Run a ``training_step`` body as written and as ``toggleshim migrate`` rewrites it; compare bitwise.
+
+The module source is rendered from a body (statement style), executed from a string, and trained
+either in a real ``Trainer.fit`` (manual optimization, CPU, two optimizers with a shared parameter)
+or on a stand-in trainer (``trainer.optimizers`` only, for the Hypothesis property). The original
+runs on Lightning's own methods (the patch uninstalled), the migrated one on the patch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import textwrap
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+import toggleshim
+from toggleshim._migrate import migrate_source
+from toggleshim.testing import installed_flavours
+
+TEMPLATE = '''\
+"""A two-optimizer module (rendered by tests/_migrate_world.py)."""
+import torch
+from torch import nn
+import FLAVOUR as pl
+
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        gen = torch.Generator().manual_seed(0)
+        self.a, self.b = nn.Linear(3, 2), nn.Linear(3, 2)
+        self.c = nn.Parameter(torch.ones(2))  # held by both optimizers
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen))
+        self.trace = []
+
+    def observe(self):
+        """Reads every parameter, gradient and requires_grad (so it is no inert line)."""
+        self.trace.append([(p.requires_grad, p.detach().clone(), None if p.grad is None else p.grad.clone())
+                           for p in self.parameters()])
+
+    def loss(self, x, which):
+        net = self.a if which == 0 else self.b
+        return ((net(x) + self.c) ** 2).sum()
+
+    def configure_optimizers(self):
+        return [torch.optim.SGD([*self.a.parameters(), self.c], lr=0.1, momentum=0.9),
+                torch.optim.Adam([*self.b.parameters(), self.c], lr=0.01)]
+
+    def train_dataloader(self):
+        gen = torch.Generator().manual_seed(1)
+        data = torch.randn(BATCHES, 3, generator=gen)
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=1)
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        opts = self.optimizers()
+        g_opt, d_opt = opts
+BODY
+'''
+
+BATCHES = 3
+
+
+def render(body: str, flavour: str | None = None) -> str:
+    """The module source with ``body`` (statement style, unindented) as training_step's tail, on the
+    Lightning ``flavour`` (default: the first installed one)."""
+    source = TEMPLATE.replace("FLAVOUR", flavour or installed_flavours()[0])
+    return source.replace("BODY", textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8))
+
+
+def migrated(source: str) -> str:
+    out = migrate_source(source.encode()).new.decode()
+    compile(out, "<migrated>", "exec")  # never emits code that does not parse
+    assert migrate_source(out.encode()).new.decode() == out, "a second run changed something"
+    return out
+
+
+def _module_class(source: str) -> Any:
+    namespace: dict[str, Any] = {"BATCHES": BATCHES, "__name__": "migrate_world"}
+    exec(compile(source, "<training_step>", "exec"), namespace)
+    return namespace["Module"]
+
+
+def _world(module: Any, optimizers: list[Any], global_step: int) -> dict[str, Any]:
+    return {
+        "params": [p.detach().clone() for p in module.parameters()],
+        "grads": [None if p.grad is None else p.grad.clone() for p in module.parameters()],
+        "requires_grad": [p.requires_grad for p in module.parameters()],
+        "optimizers": [o.state_dict() for o in optimizers],
+        "trace": module.trace,
+        "global_step": global_step,
+    }
+
+
+def fit(source: str, patched: bool, flavour: str | None = None) -> dict[str, Any]:
+    """Train the module of ``source`` in a real Trainer.fit of ``flavour``; the world afterwards."""
+    pl = importlib.import_module(flavour or installed_flavours()[0])
+    toggleshim.install() if patched else toggleshim.uninstall()
+    try:
+        torch.manual_seed(0)
+        module = _module_class(source)()
+        trainer = pl.Trainer(**TRAINER)
+        trainer.fit(module)
+        return _world(module, list(trainer.optimizers), int(trainer.global_step))
+    finally:
+        toggleshim.install()
+
+
+# One Trainer configuration for every rule: CPU, quiet, nothing written.
+TRAINER: dict[str, Any] = dict(
+    accelerator="cpu",
+    devices=1,
+    max_epochs=1,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    num_sanity_val_steps=0,
+)
+
+
+def on_stand_in(source: str, patched: bool, batches: int = BATCHES) -> dict[str, Any]:
+    """The same world on a stand-in trainer (``trainer.optimizers`` only); ``self.optimizers()`` then
+    returns the torch optimizers."""
+    toggleshim.install() if patched else toggleshim.uninstall()
+    try:
+        cls = _module_class(source)
+        module = cls()
+        optimizers = module.configure_optimizers()
+        module._trainer = SimpleNamespace(optimizers=optimizers, strategy=SimpleNamespace())
+        module.optimizers = lambda: optimizers
+        gen = torch.Generator().manual_seed(1)
+        data = torch.randn(batches, 3, generator=gen)
+        for i in range(batches):
+            module.training_step((data[i : i + 1],), i)
+        return _world(module, optimizers, 0)
+    finally:
+        toggleshim.install()
+
+
+def assert_same_world(a: Any, b: Any, where: str = "world") -> None:
+    """Bitwise equality of nested worlds: tensors by dtype, shape and bits; None stays None."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor), f"{where}: {a!r} vs {b!r}"
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
+        assert torch.equal(a.view(-1).view(torch.uint8) if a.dtype.is_floating_point else a,
+                           b.view(-1).view(torch.uint8) if b.dtype.is_floating_point else b), f"{where}: {a} vs {b}"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: keys {a.keys()} vs {b.keys()}"
+        for k in a:
+            assert_same_world(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: {a!r} vs {b!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_world(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} vs {b!r}"
