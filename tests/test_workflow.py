@@ -192,7 +192,8 @@ def test_every_action_is_pinned_to_a_full_version() -> None:
     for path in WORKFLOWS:
         for where, node in _walk(_load(path)):
             if where and where[-1] == "uses":
-                assert re.fullmatch(r"[\w.-]+/[\w./-]+@v\d+\.\d+\.\d+", node), f"{path.name}: {node}"
+                # a full version tag, or a full commit SHA (then a `# vX.Y.Z` comment, which YAML drops)
+                assert re.fullmatch(r"[\w.-]+/[\w./-]+@(v\d+\.\d+\.\d+|[0-9a-f]{40})", node), f"{path.name}: {node}"
 
 
 # the jobs
