@@ -172,7 +172,9 @@ def matrix_table(session: nox.Session) -> None:
 
 
 # Lightning's source tree, as much as its setup.py needs (tests, docs and examples are never copied).
-_CHECKOUT_SKIP = shutil.ignore_patterns(".git", "tests", "docs", "examples", "_notebooks", "dockers", "build", "*.egg-info")
+_CHECKOUT_SKIP = shutil.ignore_patterns(
+    ".git", "tests", "docs", "examples", "_notebooks", "dockers", "build", "*.egg-info"
+)
 
 
 def _staged_lightning(session: nox.Session, checkout: Path) -> Path:
@@ -206,7 +208,9 @@ def canary(session: nox.Session) -> None:
         session.error("usage: nox -s canary -- /path/to/pytorch-lightning-checkout [pytest arguments]")
     checkout = Path(session.posargs[0]).expanduser().resolve()
     if not (checkout / "src" / "lightning" / "pytorch" / "core" / "module.py").is_file():
-        session.error(f"{checkout} is not a checkout of Lightning's repository (no src/lightning/pytorch/core/module.py)")
+        session.error(
+            f"{checkout} is not a checkout of Lightning's repository (no src/lightning/pytorch/core/module.py)"
+        )
     out = RESULTS / "canary"
     out.mkdir(parents=True, exist_ok=True)
     failures: list[str] = []

@@ -23,7 +23,7 @@ _FLAVOURS = ("lightning.pytorch", "pytorch_lightning")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("toggleshim", "toggleshim (is toggling on the installed Lightning what toggleshim expects?)")
+    group = parser.getgroup("toggleshim", "toggleshim (does toggling on the installed Lightning behave as expected?)")
     group.addoption(
         "--toggleshim-check",
         action="store_true",

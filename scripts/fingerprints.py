@@ -103,7 +103,8 @@ def checkout_fingerprints(path: Path) -> dict[str, dict[str, str]]:
         if file.exists():
             result[dist] = dict(FP.methods_in_source(file.read_text(), "LightningModule", METHODS))
     if not result:
-        raise SystemExit(f"{path} holds neither src/{MODULE_FILES['lightning']} nor src/{MODULE_FILES['pytorch-lightning']}")
+        wanted = " nor ".join(f"src/{rel}" for rel in MODULE_FILES.values())
+        raise SystemExit(f"{path} holds neither {wanted}")
     return result
 
 
@@ -143,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--check", action="store_true", help="exit 1 if toggleshim/_known.py differs (writes nothing)")
     parser.add_argument("--print", metavar="DIST==VERSION", help="print one release's fingerprints and stop")
-    parser.add_argument("--checkout", type=Path, help="print a local Lightning checkout's fingerprints and whether known")
+    parser.add_argument(
+        "--checkout", type=Path, help="print a local Lightning checkout's fingerprints; exit 1 if not verified"
+    )
     args = parser.parse_args(argv)
     if args.print:
         dist, _, version = args.print.partition("==")
@@ -169,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     text = render(known, versions)
     if args.check:
         same = KNOWN.exists() and KNOWN.read_text() == text
-        print(f"{KNOWN.relative_to(ROOT)} is {'up to date' if same else 'OUT OF DATE: run python scripts/fingerprints.py'}")
+        verdict = "up to date" if same else "OUT OF DATE: run python scripts/fingerprints.py"
+        print(f"{KNOWN.relative_to(ROOT)} is {verdict}")
         return 0 if same else 1
     KNOWN.write_text(text)
     releases = sum(len(r) for r in known.values())

@@ -17,8 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from toggleshim.__main__ import FLAVOURS, PROPERTIES, run_check
 
 TESTS = Path(__file__).parent
@@ -112,7 +110,7 @@ def test_flavour_in_a_fresh_process_piped_with_json(flavour: str) -> None:
     assert report["toggle_code"][flavour]["mode"] == "shim"
     props = report["properties"]
     assert [p["prop"] for p in props] == list(PROPERTIES) and all(p["verdict"] == "pass" for p in props)
-    for p in props + [report]:
+    for p in [*props, report]:
         assert p["seconds"] == round(p["seconds"], 2)
     ran = [p["examples"] for p in props]
     assert all(n > 0 for n in ran)

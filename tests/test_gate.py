@@ -96,6 +96,45 @@ def test_unverified_code_gives_one_warning_naming_the_version(flavour: str) -> N
         assert not [w for w in again if issubclass(w.category, toggleshim.ToggleshimWarning)]
 
 
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        # compiled without a file: the source is unavailable, as in a .pyc-only install
+        ("def toggle_optimizer(self, optimizer):\n    return ORIGINAL(self, optimizer)\n", "source of its toggle code"),
+        # a new optional parameter (and a file, so that it is fingerprinted): Lightning's own, unverified
+        (None, "toggle_optimizer code differs"),
+    ],
+)
+def test_lightnings_own_method_unverified_or_unreadable_gets_the_fallback(
+    flavour: str, source: str | None, why: str
+) -> None:
+    cls = pl(flavour).LightningModule
+    real = original(flavour, "toggle_optimizer")
+    if source is None:
+        fn = method_copy(real, ((") -> None:", ", extra: int = 1) -> None:"),))
+    else:
+        namespace: dict[str, Any] = {"ORIGINAL": real}
+        exec(source, namespace)
+        fn = namespace["toggle_optimizer"]
+        fn.__qualname__, fn.__module__ = real.__qualname__, real.__module__
+    toggleshim.uninstall()
+    try:
+        cls.toggle_optimizer = fn
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            toggleshim.install()
+        (msg,) = [str(w.message) for w in caught if issubclass(w.category, toggleshim.ToggleshimWarning)]
+        assert why in msg and _patch._mode(_flavour_obj(flavour)) == "fallback"
+        module = three_heads(flavour)
+        with module.toggle_optimizer(module.opts[0]):
+            assert not module.b.weight.requires_grad
+        assert all(state(module).values())
+    finally:
+        toggleshim.uninstall()
+        cls.toggle_optimizer = real
+        toggleshim.install()
+
+
 # the fallback: that Lightning's own behaviour
 
 

@@ -175,5 +175,5 @@ def route(module: Any) -> Callable[..., FallbackToggle[Any]] | None:
         fn = vars(cls).get("toggle_optimizer")
         fn = getattr(fn, "__wrapped__", fn) if not hasattr(fn, FALLBACK_MARK) else fn
         if hasattr(fn, FALLBACK_MARK):
-            return fn  # type: ignore[no-any-return]
+            return fn
     return None

@@ -48,9 +48,9 @@ def _strip_annotations(args: ast.arguments) -> ast.arguments:
 def fingerprint_node(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     """The fingerprint of a parsed function: its parameters (names, kinds, defaults) and its body."""
     body = list(node.body)
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        if isinstance(body[0].value.value, str):
-            body = body[1:]  # the docstring
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        body = body[1:]  # the docstring
     kind = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
     text = f"{kind} {_canon(_strip_annotations(node.args))}: {_canon(body)}"
     return hashlib.sha256(text.encode()).hexdigest()

@@ -20,8 +20,7 @@ import inspect
 import sys
 import types
 import warnings
-from collections.abc import Callable
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -177,7 +176,7 @@ def _classify(flavour: _Flavour) -> tuple[str, str]:
             return "refuse", reason
     toggle, untoggle = _fingerprints(flavour)
     if toggle is None or untoggle is None:
-        return "fallback", "the source of its toggle code is unavailable (a .pyc-only install?), so it cannot be verified"
+        return "fallback", "the source of its toggle code is unavailable (a .pyc-only install?): it cannot be verified"
     seen = KNOWN.get((toggle, untoggle))
     if seen is not None:
         return "shim", f"toggle code verified: identical to {len(seen)} verified release(s), {seen[0]} to {seen[-1]}"
@@ -315,7 +314,7 @@ def _install(trust_unknown: bool) -> None:
                 ToggleshimWarning,
                 stacklevel=3,
             )
-            setattr(flavour.module_cls, "toggle_optimizer", _make_fallback(flavour))
+            setattr(flavour.module_cls, _PATCHED[0], _make_fallback(flavour))
             continue
         for name, make in (("toggle_optimizer", _make_toggle), ("untoggle_optimizer", _make_untoggle)):
             setattr(flavour.module_cls, name, make(cls_dict[name]))
