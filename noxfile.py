@@ -6,6 +6,7 @@
     nox -s matrix -- -k patch            # extra pytest arguments (after --)
     nox -s matrix_table                  # rebuild the table from build/matrix/
     nice -n 10 python scripts/matrix_table.py check-all   # only `toggleshim check` in the built venvs, then the table
+    nox -s canary -- /path/to/pytorch-lightning           # Lightning's unreleased code from a local checkout
 
 Each session installs, in this order: torch (``TOGGLESHIM_TORCH``, default ``torch==2.13.0``, the
 CPU build on this machine's disk; installing Lightning first would pull a multi-GB CUDA torch), the
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -167,3 +169,80 @@ def matrix_table(session: nox.Session) -> None:
         "--output", str(output), "--command-label", "`nox -s matrix` (pytest -n auto with HYPOTHESIS_PROFILE=dev, "
         "then `python -m toggleshim check`, in each venv)",
     )  # fmt: skip
+
+
+# Lightning's source tree, as much as its setup.py needs (tests, docs and examples are never copied).
+_CHECKOUT_SKIP = shutil.ignore_patterns(
+    ".git", "tests", "docs", "examples", "_notebooks", "dockers", "build", "*.egg-info"
+)
+
+
+def _staged_lightning(session: nox.Session, checkout: Path) -> Path:
+    """A copy of ``checkout`` to build Lightning from (pip builds in the source tree; the user's checkout
+    stays untouched), relabelled ``<version.info>.post1.dev0+canary``: an unreleased main branch may
+    still carry the last release's number (master said 2.6.2 on 2026-07-20, a withdrawn release that
+    constraints/base.txt refuses), and it is not that release."""
+    staged = Path(session.create_tmp()) / "lightning-src"
+    if staged.exists():
+        shutil.rmtree(staged)
+    shutil.copytree(checkout, staged, ignore=_CHECKOUT_SKIP)
+    info = staged / "src" / "version.info"
+    version = info.read_text().strip()
+    info.write_text(f"{version}.post1.dev0+canary\n")
+    session.log(f"Lightning from {checkout} (version.info {version}), staged in {staged}")
+    return staged
+
+
+@nox.session(python=PYTHON)
+def canary(session: nox.Session) -> None:
+    """Lightning's unreleased code: `nox -s canary -- /path/to/pytorch-lightning [pytest arguments]`.
+
+    Builds both flavours (``pytorch-lightning`` then ``lightning``) from a local checkout of Lightning's
+    repository (a copy of it; the checkout is never written to), then runs: the fingerprint comparison
+    (``scripts/fingerprints.py --checkout``: is its toggle code verified?), toggleshim's tests (pytest
+    arguments after the path; default: all) and ``python -m toggleshim check``. Fails if any of them
+    fails: then a change to toggling is seen before Lightning releases it. The scheduled workflow
+    (.github/workflows/canary.yml) runs this session on Lightning's main branch.
+    """
+    if not session.posargs:
+        session.error("usage: nox -s canary -- /path/to/pytorch-lightning-checkout [pytest arguments]")
+    checkout = Path(session.posargs[0]).expanduser().resolve()
+    if not (checkout / "src" / "lightning" / "pytorch" / "core" / "module.py").is_file():
+        session.error(
+            f"{checkout} is not a checkout of Lightning's repository (no src/lightning/pytorch/core/module.py)"
+        )
+    out = RESULTS / "canary"
+    out.mkdir(parents=True, exist_ok=True)
+    failures: list[str] = []
+
+    # 1. Toggle code verified? Text only: runs before anything is built.
+    try:
+        session.run("python", str(ROOT / "scripts" / "fingerprints.py"), "--checkout", str(checkout))
+    except CommandFailed:
+        failures.append("its toggle code is not verified (scripts/fingerprints.py --checkout)")
+
+    # 2. Install: torch first and pinned, both flavours from the staged copy, toggleshim.
+    session.install(*TORCH_ARGS)
+    torch_version = _installed_torch(session)
+    torch_pin = [f"torch=={torch_version}"] if torch_version else []
+    staged = _staged_lightning(session, checkout)
+    for package in ("pytorch", "lightning"):  # `lightning` requires `pytorch-lightning`: the staged one
+        session.install(str(staged), *torch_pin, "-c", str(BASE), env={"PACKAGE_NAME": package})
+    session.install("-e", ".[dev]", *TEST_TOOLS, *torch_pin, "-c", str(BASE))
+    if torch_version is None:  # --install-only
+        return
+    session.run("python", "-m", "pip", "list")
+
+    # 3. The tests and the check, on both flavours.
+    env = {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "dev")}
+    try:
+        session.run("python", "-m", "pytest", "-n", "auto", f"--junitxml={out / 'junit.xml'}", *session.posargs[1:],
+                    env=env)
+    except CommandFailed as exc:
+        failures.append(f"pytest exited {exc.return_code}")
+    try:
+        session.run("python", "-m", "toggleshim", "check", "--json", str(out / "check.json"), env=env)
+    except CommandFailed as exc:
+        failures.append(f"toggleshim check exited {exc.return_code}")
+    if failures:
+        raise CommandFailed("; ".join(failures))

@@ -223,7 +223,7 @@ class Run:
         return Counter(self.outcomes.values())
 
 
-_SHOWN_ENV = ("PYTHONPATH", "CUDA_VISIBLE_DEVICES", "TOGGLESHIM_ALLOW_UNTESTED")
+_SHOWN_ENV = ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")
 
 
 def _run_pytest(
@@ -300,8 +300,6 @@ def run_mode(root: Path, flavour: str, mode: str, files: list[str], opts: argpar
         TOGGLESHIM_SUITE_STANDALONE=CPU_PORT_STANDALONE,
         TOGGLESHIM_SUITE_CPU_PORT="" if opts.no_cpu_port else ",".join([*CPU_PORT_IN_PROCESS, CPU_PORT_STANDALONE]),
     )
-    if mode == "shim" and opts.allow_untested:
-        env["TOGGLESHIM_ALLOW_UNTESTED"] = "1"
     base = ["-p", PLUGIN, "-p", "no:cacheprovider", "--color=no", "-q", "-o", "console_output_style=classic"]
     base += [f"--rootdir={root}"]  # node ids are relative to it: "tests/tests_pytorch/..."
     tests_dir = root / "tests"
@@ -432,7 +430,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", "--workers", type=int, default=2, help="pytest-xdist workers (0: none)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per pytest process")
     parser.add_argument("--strict", action="store_true", help="also fail on tests failing in both modes")
-    parser.add_argument("--allow-untested", action="store_true", help="set TOGGLESHIM_ALLOW_UNTESTED=1 (shim)")
     parser.add_argument("--python", help="interpreter to run pytest with (default: this one)")
     parser.add_argument("--json", type=Path, help="write every outcome and the verdict here")
     parser.add_argument("--keep", action="store_true", help="keep the staging directory (logs, results)")

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -172,7 +172,8 @@ def test_ctrl_c_at_every_line_leaves_nothing_behind(flavour: str, scenario: str,
                 raise AssertionError(f"line {k} ({inter.where}): the interrupt did not propagate")
         after = state(m)
         assert after in (before, toggled), (k, inter.where, after)
-        outcomes["before" if after == before else "toggled"] = outcomes.get("before" if after == before else "toggled", 0) + 1
+        outcome = "before" if after == before else "toggled"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
         assert not open_toggles(m), (k, inter.where)
         assert spy.blocked == 0, (k, inter.where)
         if after == toggled and after != before:  # as after Lightning's toggle: the user untoggles
@@ -213,9 +214,8 @@ def test_ctrl_c_before_exit_runs_closes_the_block(flavour: str) -> None:
                 raise self.raised
             return self._line
 
-    with AtExit() as inter, pytest.raises(KeyboardInterrupt) as caught:
-        with m.toggle_optimizer(m.opts[0]):
-            assert state(m) != before
+    with AtExit() as inter, pytest.raises(KeyboardInterrupt) as caught, m.toggle_optimizer(m.opts[0]):
+        assert state(m) != before
     assert caught.value is inter.raised
     assert state(m) == before and not open_toggles(m)
 
@@ -227,7 +227,7 @@ class Refusing(nn.Parameter):
     """A parameter whose ``requires_grad`` setter refuses one value (subclasses and hooks can)."""
 
     refuse: bool | None = None
-    errors: list[BaseException] = []
+    errors: ClassVar[list[BaseException]] = []
 
     @property  # type: ignore[override]
     def requires_grad(self) -> bool:
@@ -278,19 +278,20 @@ def test_a_toggle_that_cannot_freeze_changes_nothing(flavour: str) -> None:
     with pytest.raises(RuntimeError, match="refused"):
         original(flavour, "toggle_optimizer")(lightning, lightning.opts[0])
     assert rg(lightning) == [0, 0, 0, 1, 1, 1]
-    with pytest.raises(RuntimeError, match="refused"):  # the block too
-        with m.toggle_optimizer(m.opts[0]):
-            raise AssertionError("the body must not run")
+    with pytest.raises(RuntimeError, match="refused"), m.toggle_optimizer(m.opts[0]):  # the block too
+        raise AssertionError("the body must not run")
     assert rg(m) == [1, 1, 1, 1, 1, 1] and not open_toggles(m)
 
 
 def test_an_exit_that_cannot_restore_one_parameter_restores_the_others(flavour: str) -> None:
     m = six(flavour)
     Refusing.errors.clear()
-    with pytest.raises(RuntimeError, match="refused requires_grad=True") as caught:
-        with m.toggle_optimizer(m.opts[0], zero_grad=False, step=False):
-            assert rg(m) == [1, 1, 0, 0, 0, 0]
-            m.ps[2].refuse = True  # the first parameter the exit restores refuses
+    with (
+        pytest.raises(RuntimeError, match="refused requires_grad=True") as caught,
+        m.toggle_optimizer(m.opts[0], zero_grad=False, step=False),
+    ):
+        assert rg(m) == [1, 1, 0, 0, 0, 0]
+        m.ps[2].refuse = True  # the first parameter the exit restores refuses
     assert caught.value is Refusing.errors[0]
     assert rg(m) == [1, 1, 0, 1, 1, 1] and not open_toggles(m)
     m.ps[2].refuse = None
@@ -330,12 +331,12 @@ def test_a_block_outlived_by_its_nested_block_never_replaces_the_exception(flavo
         gen = holder()
         next(gen)
         error = ValueError("from the body")
-        with pytest.raises(ValueError) if fail else _nothing() as caught:
-            with m.toggle_optimizer(m.opts[1], zero_grad=False):
-                next(gen, None)  # the generator's block ends first
-                assert state(m) == before
-                if fail:
-                    raise error
+        expect = pytest.raises(ValueError) if fail else _nothing()
+        with expect as caught, m.toggle_optimizer(m.opts[1], zero_grad=False):
+            next(gen, None)  # the generator's block ends first
+            assert state(m) == before
+            if fail:
+                raise error
         if fail:
             assert caught.value is error
         assert state(m) == before and not open_toggles(m)
@@ -384,7 +385,7 @@ def _edit_fake(m: Any) -> None:
 
 def _edit_impostor(m: Any) -> None:
     record = m._param_requires_grad_state
-    victim = list(m.opts[2].param_groups[0]["params"])[0]
+    victim = next(iter(m.opts[2].param_groups[0]["params"]))
     value = record.pop(victim)
     m.calls = []
     record[_Impostor(victim, m.calls)] = not value
@@ -395,7 +396,9 @@ def _edit_delete(m: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "edit", [_edit_fake, _edit_impostor, _edit_delete], ids=["dict subclass faking __class__", "key with __eq__", "deleted"]
+    "edit",
+    [_edit_fake, _edit_impostor, _edit_delete],
+    ids=["dict subclass faking __class__", "key with __eq__", "deleted"],
 )
 def test_edited_record_exit_is_lightnings_untoggle(flavour: str, edit: Callable[[Any], None]) -> None:
     results = []
@@ -439,7 +442,7 @@ class _BadRepr:
 def test_bad_optimizer_messages_never_fail(flavour: str, bad: Any) -> None:
     m = three_heads(flavour)
     before = state(m)
-    with pytest.raises(TypeError, match="expects an optimizer|where a parameter"):
+    with pytest.raises(TypeError, match=r"expects an optimizer|where a parameter"):
         m.toggle_optimizer(bad)
     assert state(m) == before and not open_toggles(m)
 
@@ -468,7 +471,7 @@ def test_flags_are_exactly_true_or_false(flavour: str, value: Any) -> None:
     m = three_heads(flavour)
     before = state(m)
     for flag in ("zero_grad", "step", "sync_grad"):
-        with pytest.raises(TypeError, match=f"{flag} must be True or False"):
+        with pytest.raises(TypeError, match=rf"{flag} must be True or False \(a bool\)"):
             m.toggle_optimizer(m.opts[0], **{flag: value})
         assert state(m) == before and not open_toggles(m)
     with m.toggle_optimizer(m.opts[0], zero_grad=False, step=True, sync_grad=True):
@@ -499,7 +502,7 @@ def test_reloading_the_private_module_keeps_lightning_optimizers_unwrapped() -> 
         """
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == "[True, True, False, False] [True, True, True, True]".split()
+    assert out.strip() == "[True, True, False, False] [True, True, True, True]"
 
 
 # -- nothing kept alive that Lightning would not -----------------------------------------------------

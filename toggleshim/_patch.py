@@ -1,38 +1,46 @@
 """Where the patch is made: ``LightningModule.toggle_optimizer`` / ``untoggle_optimizer`` on every flavour.
 
+The gate is code identity, not version numbers: a flavour whose two methods are Lightning's own and
+fingerprint (``_fingerprint.py``) as code toggleshim verified (``_known.py``, every release of the matrix)
+gets the shim, whatever its version says. Lightning's own methods with code not verified get the
+fallback (``_fallback.py``: the block runs that Lightning's own sequence; nesting raises a clear error).
+Anything else (someone else's patch, a missing method, a signature without ``(self, optimizer)``) is
+left untouched with a warning.
+
 Rules (see STYLE.md): read and write the raw class ``__dict__``; recognise Lightning's own function
 before replacing it (never wrap somebody else's wrapper); mark the replacement with a sentinel that
 points at the exact original, so ``install()`` is idempotent and ``uninstall()`` restores the very same
 object, also after ``importlib.reload(toggleshim)``.
 """
 
+import contextlib
 import importlib
 import importlib.abc
 import inspect
-import os
 import sys
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
 from toggleshim import _toggle
+from toggleshim._fallback import make_fallback
+from toggleshim._fingerprint import fingerprint_function
+from toggleshim._known import KNOWN
 from toggleshim._toggle import Toggle, _keep_dynamo_out, _open_statement_toggle
 
 __all__ = ["ToggleshimWarning", "install", "is_installed", "uninstall"]
 
-#: Lightning releases the shim knows: >= 2.0 (the toggle semantics it reimplements) and below the
-#: first release the CI matrix has not seen. Keep in step with ``noxfile.py`` and the workflow.
-SUPPORTED = ((2, 0), (2, 7))
-_ALLOW_UNTESTED_ENV = "TOGGLESHIM_ALLOW_UNTESTED"
 _SENTINEL = "_toggleshim_original"
+_MODE = "_toggleshim_mode"  # on our toggle_optimizer: "shim" (verified code) or "fallback"
 _PATCHED = ("toggle_optimizer", "untoggle_optimizer")
+_OUR_FLAGS = ("zero_grad", "step", "sync_grad")
 
 
 class ToggleshimWarning(UserWarning):
-    """``install()`` left a Lightning flavour untouched (and why)."""
+    """``install()`` left a Lightning flavour untouched, or gave it the fallback block (and why)."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,7 @@ def _flavours() -> list[_Flavour]:
 
 
 _HOOKED = frozenset(f"{name}.core.module" for name, _ in _FLAVOURS)
-_hook_allow_untested: list[bool | None] = [None]
+_hook_trust_unknown = [False]
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -92,7 +100,7 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
-        install(_hook_allow_untested[0])
+        _install(_hook_trust_unknown[0])
 
 
 class _ImportHook:
@@ -117,14 +125,6 @@ def _hooks() -> list[Any]:
     return [f for f in sys.meta_path if type(f).__name__ == "_ImportHook" and type(f).__module__ == __name__]
 
 
-def _parse(version: str) -> tuple[int, int]:
-    parts = version.split(".")
-    try:
-        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
-    except (IndexError, ValueError):
-        return (0, 0)
-
-
 def _core(fn: Any) -> Any:
     """The plain function under a ``torch.compiler.disable`` marking, else ``fn``."""
     if getattr(fn, "_torchdynamo_disable", False):
@@ -132,8 +132,12 @@ def _core(fn: Any) -> Any:
     return fn
 
 
-def _unknown_reason(flavour: _Flavour, name: str, fn: Any) -> str | None:
-    """Why ``fn`` is not the Lightning method the shim knows, or None when it is."""
+def _label(flavour: _Flavour) -> str:
+    return f"{flavour.distribution} {flavour.version} ({flavour.name})"
+
+
+def _foreign_reason(flavour: _Flavour, name: str, fn: Any) -> str | None:
+    """Why ``fn`` is not Lightning's own method (nothing to patch), or None when it is."""
     core = _core(fn)
     if not inspect.isfunction(core):
         return f"{name} is not a plain function ({type(fn).__name__})"
@@ -142,31 +146,43 @@ def _unknown_reason(flavour: _Flavour, name: str, fn: Any) -> str | None:
         return f"{name} was already replaced by someone else ({where})"
     if hasattr(core, "__wrapped__") or inspect.isgeneratorfunction(core):
         return f"{name} is already wrapped or returns a context manager ({where})"
-    if list(inspect.signature(core).parameters) != ["self", "optimizer"]:
+    params = list(inspect.signature(core).parameters.values())
+    extra = [p for p in params[2:] if p.default is inspect.Parameter.empty or p.name in _OUR_FLAGS]
+    if [p.name for p in params[:2]] != ["self", "optimizer"] or extra:
         return f"{name} has a signature the shim does not know: {inspect.signature(core)}"
     return None
 
 
-def _refusal(flavour: _Flavour, allow_untested: bool) -> str | None:
-    low, high = SUPPORTED
-    version = _parse(flavour.version)
-    if version < low:
-        return f"{flavour.distribution} {flavour.version} is older than 2.0, which toggleshim does not support"
-    if version >= high and not allow_untested:
-        return (
-            f"{flavour.distribution} {flavour.version} is newer than the releases toggleshim was tested on "
-            f"(< {high[0]}.{high[1]}); run `python -m toggleshim check` and, if it passes, set "
-            f"{_ALLOW_UNTESTED_ENV}=1"
-        )
+def _fingerprints(flavour: _Flavour) -> tuple[str | None, str | None]:
+    cls_dict = vars(flavour.module_cls)
+    toggle, untoggle = (fingerprint_function(_core(cls_dict[name])) for name in _PATCHED)
+    return toggle, untoggle
+
+
+def _classify(flavour: _Flavour) -> tuple[str, str]:
+    """("shim" | "fallback" | "refuse", why): what ``install()`` does with ``flavour``."""
     cls_dict = vars(flavour.module_cls)
     for name in _PATCHED:
         fn = cls_dict.get(name)
         if fn is None:
-            return f"{flavour.name}.LightningModule has no {name}"
-        reason = _unknown_reason(flavour, name, fn)
+            return "refuse", f"{flavour.name}.LightningModule has no {name}"
+        reason = _foreign_reason(flavour, name, fn)
         if reason:
-            return reason
-    return None
+            return "refuse", reason
+    toggle, untoggle = _fingerprints(flavour)
+    if toggle is None or untoggle is None:
+        return "fallback", "the source of its toggle code is unavailable (a .pyc-only install?): it cannot be verified"
+    seen = KNOWN.get((toggle, untoggle))
+    if seen is not None:
+        return "shim", f"toggle code verified: identical to {len(seen)} verified release(s), {seen[0]} to {seen[-1]}"
+    differs = [
+        name for i, (name, fp) in enumerate(zip(_PATCHED, (toggle, untoggle))) if all(fp != pair[i] for pair in KNOWN)
+    ]
+    what = " and ".join(differs) or "pairing of toggle_optimizer and untoggle_optimizer"
+    return "fallback", (
+        f"its {what} code differs from every release toggleshim verified "
+        f"(fingerprints {toggle[:12]}, {untoggle[:12]}; toggleshim/_known.py lists the verified ones)"
+    )
 
 
 def _marked_like(original: Any, replacement: Callable[..., Any]) -> Callable[..., Any]:
@@ -220,7 +236,7 @@ def _make_toggle(original: Any) -> Callable[..., Any]:
     toggle_optimizer.__annotations__ = {
         "self": Any, "optimizer": Any, "zero_grad": bool, "step": bool, "sync_grad": bool, "return": Toggle[Any]
     }
-    return _finish(toggle_optimizer, original)
+    return _finish(toggle_optimizer, original, "shim")
 
 
 def _make_untoggle(original: Any) -> Callable[..., Any]:
@@ -232,42 +248,68 @@ def _make_untoggle(original: Any) -> Callable[..., Any]:
             return
         original(self, optimizer)
 
-    return _finish(untoggle_optimizer, original)
+    return _finish(untoggle_optimizer, original, "shim")
 
 
-def _finish(replacement: Callable[..., Any], original: Any) -> Callable[..., Any]:
+def _finish(replacement: Callable[..., Any], original: Any, mode: str) -> Callable[..., Any]:
     replacement.__qualname__ = f"LightningModule.{replacement.__name__}"
     patched = _marked_like(original, replacement)
     setattr(patched, _SENTINEL, original)
+    setattr(patched, _MODE, mode)
     return patched
 
 
-def install(allow_untested: bool | None = None) -> None:
+def _make_fallback(flavour: _Flavour) -> Callable[..., Any]:
+    cls_dict = vars(flavour.module_cls)
+    original = cls_dict["toggle_optimizer"]
+    fallback = make_fallback(original, cls_dict["untoggle_optimizer"], _label(flavour))
+    return _finish(fallback, original, "fallback")
+
+
+def install() -> None:
     """Patch ``toggle_optimizer`` (and ``untoggle_optimizer``) on every installed Lightning flavour.
 
-    Idempotent; ``import toggleshim`` calls it. A flavour whose methods are not the ones toggleshim
-    knows (unsupported or untested version, changed signature, patched by someone else) is left
-    untouched with a :class:`ToggleshimWarning`. ``allow_untested`` (default: the environment variable
-    ``TOGGLESHIM_ALLOW_UNTESTED=1``) patches a Lightning newer than the tested range.
-    Subclasses that define their own ``toggle_optimizer`` are never touched.
+    Idempotent; ``import toggleshim`` calls it, and a flavour imported later is patched on import.
+    The gate is the code, not the version: where both methods are code toggleshim verified (any
+    release, also one newer than the matrix), the shim is installed silently. Where they are
+    Lightning's own methods with code toggleshim has not verified, ``toggle_optimizer`` runs
+    Lightning's own toggle and its block Lightning's own sequence (nested blocks raise an error),
+    with one :class:`ToggleshimWarning`. Anything else (someone else's patch, a changed signature)
+    is left untouched with a :class:`ToggleshimWarning`. Subclasses that define their own
+    ``toggle_optimizer`` are never touched.
     """
-    _hook_allow_untested[0] = allow_untested
+    _install(False)
+
+
+def _install(trust_unknown: bool) -> None:
+    """``install()``; ``trust_unknown`` installs the shim on unverified code too (``toggleshim check``)."""
+    _hook_trust_unknown[0] = trust_unknown
     if not _hooks():
         sys.meta_path.insert(0, _ImportHook())
-    if allow_untested is None:
-        allow_untested = os.environ.get(_ALLOW_UNTESTED_ENV, "") not in ("", "0")
     for flavour in _flavours():
         cls_dict = vars(flavour.module_cls)
-        if all(hasattr(cls_dict.get(name), _SENTINEL) for name in _PATCHED):
+        if hasattr(cls_dict.get("toggle_optimizer"), _SENTINEL):
             continue
-        reason = _refusal(flavour, allow_untested)
-        if reason is not None:
+        mode, reason = _classify(flavour)
+        if mode == "refuse":
             warnings.warn(
-                f"toggleshim left {flavour.name} untouched: {reason}. "
-                "`with self.toggle_optimizer(...)` will not work there.",
+                f"toggleshim left {_label(flavour)} untouched: {reason}. `with self.toggle_optimizer(...)` "
+                "will not work there: it fails with Python's TypeError ('NoneType' object does not support "
+                "the context manager protocol) unless that replacement returns a context manager.",
                 ToggleshimWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
+            continue
+        if mode == "fallback" and not trust_unknown:
+            warnings.warn(
+                f"toggleshim: {_label(flavour)}: {reason}. `with self.toggle_optimizer(opt):` runs "
+                "Lightning's own sequence there (its toggle; zero_grad; the block; step; its untoggle in "
+                "`finally`), statements stay Lightning's own, and nested blocks raise an error. Run "
+                "`python -m toggleshim check`, pin Lightning to a release toggleshim verified, and report it.",
+                ToggleshimWarning,
+                stacklevel=3,
+            )
+            setattr(flavour.module_cls, _PATCHED[0], _make_fallback(flavour))
             continue
         for name, make in (("toggle_optimizer", _make_toggle), ("untoggle_optimizer", _make_untoggle)):
             setattr(flavour.module_cls, name, make(cls_dict[name]))
@@ -285,7 +327,46 @@ def uninstall() -> None:
 
 
 def is_installed() -> bool:
-    """True when every imported Lightning flavour (at least one) is patched."""
+    """True when every imported Lightning flavour (at least one) has the shim (verified toggle code);
+    False where a flavour is untouched or has the fallback block (unverified toggle code)."""
     found = _flavours()
-    return bool(found) and all(hasattr(vars(f.module_cls).get(name), _SENTINEL) for f in found for name in _PATCHED)
+    return bool(found) and all(_mode(f) == "shim" for f in found)
+
+
+def _mode(flavour: _Flavour) -> str | None:
+    """"shim", "fallback", or None (not patched by toggleshim)."""
+    fn = vars(flavour.module_cls).get("toggle_optimizer")
+    return getattr(fn, _MODE, None) if hasattr(fn, _SENTINEL) else None
+
+
+def _status(flavour: _Flavour) -> tuple[str, str]:
+    """(mode now or "untouched", why): the gate's verdict on a flavour, for ``toggleshim check``."""
+    mode = _mode(flavour) or "untouched"
+    if mode != "untouched":
+        cls_dict = vars(flavour.module_cls)
+        originals = {name: getattr(cls_dict[name], _SENTINEL, cls_dict[name]) for name in _PATCHED}
+        probe = _Flavour(flavour.name, flavour.distribution, type("Probe", (), originals), flavour.optimizer_cls)
+        return mode, _classify(probe)[1]
+    return mode, _classify(flavour)[1]
+
+
+@contextlib.contextmanager
+def _trusting() -> Iterator[None]:
+    """The shim on every flavour whose methods are Lightning's own, verified or not (what
+    ``toggleshim check`` tests); afterwards the exact objects found before, and the import hook as found."""
+    flavours = _flavours()
+    saved = {(f.module_cls, name): vars(f.module_cls).get(name) for f in flavours for name in _PATCHED}
+    hooked = bool(_hooks())
+    uninstall()
+    _install(True)
+    try:
+        yield
+    finally:
+        uninstall()
+        for (cls, name), fn in saved.items():
+            if fn is not None:
+                setattr(cls, name, fn)
+        _hook_trust_unknown[0] = False
+        if hooked:
+            sys.meta_path.insert(0, _ImportHook())
 _keep_dynamo_out(globals())

@@ -35,7 +35,9 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from operator import attrgetter, is_, itemgetter
 from types import MethodType, TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
+
+from toggleshim._fallback import route
 
 __all__ = ["Toggle", "toggle"]
 
@@ -667,8 +669,13 @@ def toggle(
     """Typed entry point: ``with toggleshim.toggle(self, opt):`` is ``with self.toggle_optimizer(opt):``.
 
     Static checkers read Lightning's ``toggle_optimizer(...) -> None`` and reject it in a ``with``;
-    this function has the precise type. It works whether or not the patch is installed.
+    this function has the precise type. It works whether or not the patch is installed; on a
+    Lightning whose toggle code toggleshim has not verified it is that Lightning's own sequence, as
+    the patched method is there (docs/guard.md).
     """
+    fallback = route(module)
+    if fallback is not None:  # typed as a Toggle: the same context manager, yielding the optimizer
+        return cast("Toggle[_OptT]", fallback(module, optimizer, zero_grad, step, sync_grad))
     return _toggle_optimizer(module, optimizer, zero_grad, step, sync_grad)
 
 

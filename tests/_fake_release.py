@@ -1,0 +1,97 @@
+"""A fake "Lightning 2.7.0" for the gate's tests: the installed flavour's own toggle code (or a changed
+copy of it) under a relabelled version, as a new release would look to ``import toggleshim``.
+
+Importable from a fresh process too (``PYTHONPATH=tests``): the subprocess tests use it before
+``import toggleshim``, as a user upgrading Lightning would meet it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import inspect
+import tempfile
+import textwrap
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+#: the changed release: the toggled optimizer's parameters forced trainable (a user-frozen one too)
+FORCE_TRAINABLE = ("param.requires_grad = param_requires_grad_state[param]", "param.requires_grad = True")
+#: docstring, comments and a torch.compiler.disable marking: what must not change a fingerprint
+COSMETIC = (
+    ('"""Makes sure only', '"""A reworded docstring. Makes sure only'),
+    ("param_requires_grad_state = {}\n", "param_requires_grad_state = {}  # a new comment\n    # and another\n"),
+)
+_DIR = Path(tempfile.mkdtemp(prefix="toggleshim-fake-release-"))
+_count = [0]
+
+
+def original(flavour: str, name: str) -> Any:
+    """Lightning's own method ``name`` of ``flavour`` (under toggleshim's patch, if any)."""
+    fn = vars(importlib.import_module(flavour).LightningModule)[name]
+    return getattr(fn, "_toggleshim_original", fn)
+
+
+def method_copy(fn: Any, edits: tuple[tuple[str, str], ...] = (), decorate: str = "") -> Any:
+    """A copy of Lightning's method ``fn`` from its source with ``edits`` (old, new) applied, compiled
+    from a real file (so ``inspect.getsource`` reads it), in ``fn``'s globals, with ``fn``'s name,
+    qualname and module: what the same method of a new release looks like."""
+    source = textwrap.dedent(inspect.getsource(fn))
+    for old, new in edits:
+        if old not in source:
+            raise ValueError(f"edit {old!r} does not apply to {fn.__qualname__}")
+        source = source.replace(old, new, 1)
+    if decorate:
+        source = f"@{decorate}\n{source}"
+    _count[0] += 1
+    path = _DIR / f"release_copy_{_count[0]}.py"
+    path.write_text(source)
+    namespace = dict(fn.__globals__)
+    exec(compile(source, str(path), "exec"), namespace)
+    copy = namespace[fn.__name__]
+    core = getattr(copy, "__wrapped__", copy)
+    for f in {id(copy): copy, id(core): core}.values():
+        f.__qualname__, f.__module__ = fn.__qualname__, fn.__module__
+    return copy
+
+
+@contextlib.contextmanager
+def relabelled(version: str) -> Iterator[None]:
+    """``importlib.metadata.version`` says ``version`` for both Lightning distributions."""
+    real = importlib.metadata.version
+
+    def version_of(dist: str) -> str:
+        return version if dist in ("lightning", "pytorch-lightning") else real(dist)
+
+    importlib.metadata.version = version_of
+    try:
+        yield
+    finally:
+        importlib.metadata.version = real
+
+
+@contextlib.contextmanager
+def fake_release(flavour: str, version: str = "2.7.0", changed: bool = False) -> Iterator[list[str]]:
+    """Inside: ``flavour`` looks like Lightning ``version`` (its own toggle code, or with
+    ``changed`` the FORCE_TRAINABLE copy) and toggleshim was installed on it; yields the messages of
+    the ToggleshimWarnings that install gave. Afterwards Lightning's own methods and the shim are back."""
+    import toggleshim
+
+    cls = importlib.import_module(flavour).LightningModule
+    toggleshim.uninstall()
+    saved = {name: vars(cls)[name] for name in ("toggle_optimizer", "untoggle_optimizer")}
+    if changed:
+        cls.toggle_optimizer = method_copy(saved["toggle_optimizer"], (FORCE_TRAINABLE,))
+    try:
+        with relabelled(version), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            toggleshim.install()
+            yield [str(w.message) for w in caught if issubclass(w.category, toggleshim.ToggleshimWarning)]
+    finally:
+        toggleshim.uninstall()
+        for name, fn in saved.items():
+            setattr(cls, name, fn)
+        toggleshim.install()

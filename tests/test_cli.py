@@ -1,0 +1,194 @@
+"""``python -m toggleshim check`` as users run it (issue 13, points 3 and 4): fresh processes, piped and
+on a terminal (pty); usage errors exit 2 listing the valid names; a run that checked nothing fails;
+no Lightning banners; a progress display that ends exactly at its total; plain help; JSON with rounded
+seconds and the example counts that ran; on a new Lightning release the check runs and says whether
+its toggle code is verified."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from toggleshim.__main__ import FLAVOURS, PROPERTIES, run_check
+
+TESTS = Path(__file__).parent
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), "COLUMNS": "200"}
+BANNERS = ("GPU available", "TPU available", "litlogger", "`Trainer.fit` stopped", "Tip:")
+CHECK = [sys.executable, "-m", "toggleshim", "check"]
+QUICK = ["--examples", "3"]
+
+
+def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, env=ENV, timeout=300, **kwargs)
+
+
+def run_many(commands: list[list[str]]) -> list[subprocess.CompletedProcess[str]]:
+    """Several fresh processes at once (each pays Python, torch and Lightning start-up)."""
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV) for c in commands]
+    done = []
+    for c, p in zip(commands, procs):
+        out, err = p.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(c, p.returncode, out, err))
+    return done
+
+
+def run_on_pty(args: list[str], timeout: float = 300) -> tuple[int, str]:
+    """Run ``args`` with stdin/stdout/stderr on a pseudo-terminal; (exit status, everything it wrote)."""
+    master, slave = os.openpty()
+    proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=ENV, close_fds=True)
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    return rc, b"".join(chunks).decode(errors="replace")
+
+
+# usage errors: exit 2, the valid names listed, nothing run
+
+
+USAGE_ERRORS = [
+    (["--property", "no-such-property"], [*PROPERTIES]),
+    (["--flavour", "lightning"], [*FLAVOURS]),
+    (["--examples", "0"], ["at least 1"]),
+]
+
+
+def test_usage_errors_exit_2_and_name_the_valid_choices() -> None:
+    procs = run_many([[*CHECK, *args] for args, _ in USAGE_ERRORS])
+    for (args, words), proc in zip(USAGE_ERRORS, procs):
+        assert proc.returncode == 2, (args, proc)
+        assert all(w in proc.stderr for w in words), proc.stderr
+        assert "toggleshim check:" not in proc.stdout  # nothing ran
+
+
+def test_a_run_that_checked_nothing_fails() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['lightning'] = sys.modules['pytorch_lightning'] = None  # no Lightning importable\n"
+        "from toggleshim.__main__ import main\n"
+        "sys.exit(main(['check', '--examples', '3']))\n"
+    )
+    proc = run([sys.executable, "-c", code])
+    assert proc.returncode == 1, proc
+    assert "nothing was checked" in proc.stdout and "FAILED" in proc.stdout
+
+
+# piped, in a fresh process, per flavour
+
+
+def test_flavour_in_a_fresh_process_piped_with_json(flavour: str) -> None:
+    proc = run([*CHECK, "--flavour", flavour, *QUICK, "--json", "-"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)  # stdout holds the JSON alone; the report goes to stderr
+    assert report["ok"] and report["flavours"] == [flavour]
+    assert report["toggle_code"][flavour]["mode"] == "shim"
+    props = report["properties"]
+    assert [p["prop"] for p in props] == list(PROPERTIES) and all(p["verdict"] == "pass" for p in props)
+    for p in [*props, report]:
+        assert p["seconds"] == round(p["seconds"], 2)
+    ran = [p["examples"] for p in props]
+    assert all(n > 0 for n in ran)
+    assert f"{sum(ran)} examples in" in proc.stderr  # the summary counts what ran, as the JSON does
+    for p in props:  # each line shows the count that ran
+        assert re.search(rf"{p['prop']}\s+pass\s+{p['examples']} examples", proc.stderr), proc.stderr
+    assert "\r" not in proc.stderr and not any(b in proc.stderr + proc.stdout for b in BANNERS)
+    assert "install" not in {p["prop"] for p in props}
+
+
+def test_check_on_a_terminal_ends_its_progress_at_its_total() -> None:
+    rc, out = run_on_pty([*CHECK, "--examples", "5"])  # every installed flavour
+    assert rc == 0, out
+    counts = [(int(a), int(b)) for a, b in re.findall(r"\] (\d+)/(\d+) ", out)]
+    assert counts and all(done <= total for done, total in counts), counts
+    done, total = counts[-1]
+    assert done == total
+    assert f"{total} examples in" in out  # the bar's total is the number of examples that ran
+    assert not any(b in out for b in BANNERS), out
+    assert re.search(r"OK: \d+ passed, 0 failed", out)
+
+
+# help
+
+
+def test_help_has_a_description_and_no_markup() -> None:
+    top, sub = run_many([[sys.executable, "-m", "toggleshim", "--help"], [*CHECK, "--help"]])
+    assert top.returncode == sub.returncode == 0
+    assert "toggle_optimizer" in top.stdout and "check" in top.stdout
+    assert "Exit status" in sub.stdout and "Trainer.fit" in sub.stdout and "--property" in sub.stdout
+    for text in (top.stdout, sub.stdout):
+        assert "``" not in text and ":func:" not in text
+
+
+# the user's logging is theirs again after the check (the pytest plugin runs it in their session)
+
+
+def test_run_check_restores_the_logging_levels(flavour: str) -> None:
+    import io
+
+    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "pytorch_lightning", "lightning.fabric")]
+    before = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.DEBUG)
+    try:
+        status, report = run_check(2, 0, [flavour], ["trainer"], io.StringIO())
+        assert status == 0 and report["properties"][0]["examples"] > 0
+        assert [lg.level for lg in loggers] == [logging.DEBUG] * 3
+    finally:
+        for lg, level in zip(loggers, before):
+            lg.setLevel(level)
+
+
+# a new Lightning release: the check runs and says what the gate made of it
+
+_RELEASE = """
+import sys
+from _fake_release import FORCE_TRAINABLE, method_copy, relabelled
+import {flavour} as pl
+if {changed}:
+    cls = pl.LightningModule
+    cls.toggle_optimizer = method_copy(cls.toggle_optimizer, (FORCE_TRAINABLE,))
+with relabelled("2.7.0"):
+    from toggleshim.__main__ import main
+    sys.exit(main(["check", "--flavour", "{flavour}", "--examples", "10", "--property", "lightning-semantics",
+                   "--property", "block-equals-manual"]))
+"""
+
+
+def test_check_on_a_new_release(flavour: str) -> None:
+    same, changed = run_many(
+        [[sys.executable, "-c", _RELEASE.format(flavour=flavour, changed=c)] for c in (False, True)]
+    )
+    dist = "lightning" if flavour == "lightning.pytorch" else "pytorch-lightning"
+    assert dist + " 2.7.0" in same.stdout and dist + " 2.7.0" in changed.stdout
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "toggle code verified" in same.stdout and "OK: 2 passed" in same.stdout
+    # its toggle forces toggled parameters trainable: the check shows what differs
+    assert changed.returncode == 1, changed.stdout + changed.stderr
+    assert "NOT verified" in changed.stdout and "MISMATCH" in changed.stdout and "trainable" in changed.stdout
+    assert "Reproduce with:" in changed.stdout

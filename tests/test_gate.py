@@ -1,0 +1,370 @@
+"""The gate on code identity (issue 13, points 1 and 2): fingerprints, a release with identical toggle
+code patched silently whatever its version, and on unverified toggle code the fallback block, which is
+that Lightning's own manual sequence, bitwise (stand-in and real ``Trainer.fit``), with a clear error
+for nesting. Fresh-process runs at the end: what a user upgrading Lightning meets."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from _fake_release import COSMETIC, FORCE_TRAINABLE, fake_release, method_copy, original
+from _fixtures import pl, state, three_heads
+from hypothesis import given, settings
+
+import toggleshim
+from toggleshim import _fallback, _patch
+from toggleshim._fingerprint import fingerprint_function
+from toggleshim._known import KNOWN
+from toggleshim.testing import FLAT_EXAMPLES, ManualDriver, ShimDriver, build_world, compare_runs, run_program, worlds
+from toggleshim.testing.harness import run_in_trainer
+
+TESTS = Path(__file__).parent
+
+
+def _flavour_obj(flavour: str) -> Any:
+    (found,) = [f for f in _patch._flavours() if f.name == flavour]
+    return found
+
+
+# fingerprints
+
+
+def test_installed_lightning_toggle_code_is_known(flavour: str) -> None:
+    # Fails when the installed Lightning (e.g. its main branch, in the canary) changed toggling.
+    pair = tuple(fingerprint_function(original(flavour, n)) for n in ("toggle_optimizer", "untoggle_optimizer"))
+    assert pair in KNOWN, f"{flavour}: toggle code {pair} is not among the verified ones; see scripts/fingerprints.py"
+    assert _patch._mode(_flavour_obj(flavour)) == "shim"
+
+
+def test_fingerprint_ignores_docstring_comments_decorator_not_a_token(flavour: str) -> None:
+    toggle = original(flavour, "toggle_optimizer")
+    same = method_copy(toggle, COSMETIC, decorate="torch.compiler.disable")
+    assert getattr(same, "_torchdynamo_disable", False)  # really marked, as Lightning's main branch does
+    changed = method_copy(toggle, (FORCE_TRAINABLE,))
+    assert fingerprint_function(toggle) is not None
+    assert fingerprint_function(same.__wrapped__) == fingerprint_function(toggle)
+    assert fingerprint_function(changed) != fingerprint_function(toggle)
+    renamed = method_copy(toggle, (("param_requires_grad_state[param] = param.requires_grad",
+                                    "param_requires_grad_state[param] = param.requires_grad  # same"),))
+    assert fingerprint_function(renamed) == fingerprint_function(toggle)
+
+
+def test_fingerprint_without_source_is_unknown() -> None:
+    namespace: dict[str, Any] = {}
+    exec("def toggle_optimizer(self, optimizer):\n    pass\n", namespace)  # no file: like a .pyc-only install
+    assert fingerprint_function(namespace["toggle_optimizer"]) is None
+
+
+# the gate: identical code, any version
+
+
+@pytest.mark.parametrize("version", ["2.7.0", "3.0.0", "1.9.5"])
+def test_identical_toggle_code_is_patched_silently_whatever_the_version(flavour: str, version: str) -> None:
+    with fake_release(flavour, version) as messages:
+        assert messages == []
+        assert _patch._mode(_flavour_obj(flavour)) == "shim" and toggleshim.is_installed()
+        module = three_heads(flavour)
+        with module.toggle_optimizer(module.opts[1]):
+            assert not module.a.weight.requires_grad and module.b.weight.requires_grad
+        assert all(state(module).values())
+
+
+def test_unverified_code_gives_one_warning_naming_the_version(flavour: str) -> None:
+    dist = "lightning" if flavour == "lightning.pytorch" else "pytorch-lightning"
+    with fake_release(flavour, changed=True) as messages:
+        assert len(messages) == 1, messages
+        (msg,) = messages
+        for words in (f"{dist} 2.7.0", flavour, "toggle_optimizer code differs", "Lightning's own sequence",
+                      "python -m toggleshim check", "pin Lightning", "report"):
+            assert words in msg, (words, msg)
+        cls = pl(flavour).LightningModule
+        assert _patch._mode(_flavour_obj(flavour)) == "fallback" and not toggleshim.is_installed()
+        assert vars(cls)["untoggle_optimizer"] is original(flavour, "untoggle_optimizer")  # stays Lightning's
+        with warnings.catch_warnings(record=True) as again:
+            warnings.simplefilter("always")
+            toggleshim.install()  # idempotent: no second warning, the same fallback
+        assert not [w for w in again if issubclass(w.category, toggleshim.ToggleshimWarning)]
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        # compiled without a file: the source is unavailable, as in a .pyc-only install
+        ("def toggle_optimizer(self, optimizer):\n    return ORIGINAL(self, optimizer)\n", "source of its toggle code"),
+        # a new optional parameter (and a file, so that it is fingerprinted): Lightning's own, unverified
+        (None, "toggle_optimizer code differs"),
+    ],
+)
+def test_lightnings_own_method_unverified_or_unreadable_gets_the_fallback(
+    flavour: str, source: str | None, why: str
+) -> None:
+    cls = pl(flavour).LightningModule
+    real = original(flavour, "toggle_optimizer")
+    if source is None:
+        fn = method_copy(real, ((") -> None:", ", extra: int = 1) -> None:"),))
+    else:
+        namespace: dict[str, Any] = {"ORIGINAL": real}
+        exec(source, namespace)
+        fn = namespace["toggle_optimizer"]
+        fn.__qualname__, fn.__module__ = real.__qualname__, real.__module__
+    toggleshim.uninstall()
+    try:
+        cls.toggle_optimizer = fn
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            toggleshim.install()
+        (msg,) = [str(w.message) for w in caught if issubclass(w.category, toggleshim.ToggleshimWarning)]
+        assert why in msg and _patch._mode(_flavour_obj(flavour)) == "fallback"
+        module = three_heads(flavour)
+        with module.toggle_optimizer(module.opts[0]):
+            assert not module.b.weight.requires_grad
+        assert all(state(module).values())
+    finally:
+        toggleshim.uninstall()
+        cls.toggle_optimizer = real
+        toggleshim.install()
+
+
+# the fallback: that Lightning's own behaviour
+
+
+def test_fallback_statement_is_that_lightnings_own_toggle(flavour: str) -> None:
+    with fake_release(flavour, changed=True):
+        module, ref = three_heads(flavour, frozen=True), three_heads(flavour, frozen=True)
+        changed = original(flavour, "toggle_optimizer")
+        assert changed is not None and _patch._SENTINEL not in vars(changed)
+        module.toggle_optimizer(module.opts[0])
+        changed(ref, ref.opts[0])
+        assert state(module) == state(ref) and module.a.bias.requires_grad  # the change: forced trainable
+        module.untoggle_optimizer(module.opts[0])
+        original(flavour, "untoggle_optimizer")(ref, ref.opts[0])
+        assert state(module) == state(ref)
+
+
+def _manual_of_this_release(flavour: str) -> ManualDriver:
+    return ManualDriver(original(flavour, "toggle_optimizer"), original(flavour, "untoggle_optimizer"))
+
+
+@settings(max_examples=15)
+@given(worlds(nesting=False))
+def test_fallback_block_is_that_codes_manual_sequence_bitwise(flavour: str, spec: Any) -> None:
+    with fake_release(flavour, changed=True):
+        fallback = run_program(build_world(spec, flavour), spec.program, ShimDriver(), check_model=False)
+        manual = run_program(build_world(spec, flavour), spec.program, _manual_of_this_release(flavour),
+                             check_model=False)
+        compare_runs(fallback, manual)
+
+
+def test_fallback_really_runs_the_changed_code(flavour: str) -> None:
+    # Not vacuous: on some hand-picked world the changed release differs from Lightning 2.6's toggle,
+    # and the fallback block follows the changed one.
+    differs = 0
+    for spec in FLAT_EXAMPLES:
+        with fake_release(flavour, changed=True):
+            fallback = run_program(build_world(spec, flavour), spec.program, ShimDriver(), check_model=False)
+        real = run_program(build_world(spec, flavour), spec.program, ManualDriver.for_flavour(flavour),
+                           check_model=False)
+        try:
+            compare_runs(fallback, real)
+        except AssertionError:
+            differs += 1
+    assert differs > 0
+
+
+def test_fallback_block_in_a_real_trainer_is_that_codes_manual_sequence(flavour: str) -> None:
+    spec = next(s for s in FLAT_EXAMPLES if s.frozen)  # a user-frozen parameter: where the change shows
+    with fake_release(flavour, changed=True):
+        fallback, world = run_in_trainer(spec, ShimDriver(), flavour, check_model=False, batches=2)
+        manual, _ = run_in_trainer(spec, _manual_of_this_release(flavour), flavour, check_model=False, batches=2)
+        compare_runs(fallback, manual, world)
+    real, _ = run_in_trainer(spec, ManualDriver.for_flavour(flavour), flavour, check_model=False, batches=2)
+    with pytest.raises(AssertionError):
+        compare_runs(fallback, real, world)
+
+
+def test_fallback_block_zero_grads_steps_and_untoggles(flavour: str) -> None:
+    with fake_release(flavour, changed=True):
+        module = three_heads(flavour)
+        opt = module.opts[0]
+        (module.a.weight * 2).sum().backward()
+        before = module.a.weight.detach().clone()
+        with module.toggle_optimizer(opt) as got:
+            assert got is opt and module.a.weight.grad is None  # zero_grad (set_to_none)
+            assert not module.b.weight.requires_grad
+            (module.a.weight ** 2).sum().backward()
+        assert not torch.equal(module.a.weight, before)  # stepped
+        assert all(state(module).values())  # untoggled
+        err = ValueError("boom")
+        before = module.a.weight.detach().clone()
+        with pytest.raises(ValueError) as info, module.toggle_optimizer(opt):
+            (module.a.weight ** 2).sum().backward()
+            raise err
+        assert info.value is err and torch.equal(module.a.weight, before)  # same object; no step
+        assert all(state(module).values())
+        with module.toggle_optimizer(opt, zero_grad=False, step=False):  # usable again
+            pass
+
+
+def test_fallback_failing_zero_grad_untoggles(flavour: str) -> None:
+    with fake_release(flavour, changed=True):
+        module = three_heads(flavour)
+        opt = module.opts[0]
+        err = RuntimeError("zero_grad failed")
+
+        def fail(*args: Any, **kwargs: Any) -> None:
+            raise err
+
+        opt.zero_grad = fail
+        ran = []
+        with pytest.raises(RuntimeError) as info, module.toggle_optimizer(opt):
+            ran.append(1)
+        assert info.value is err and not ran and all(state(module).values())
+        with module.toggle_optimizer(opt, zero_grad=False, step=False):  # no block left open
+            pass
+
+
+def test_fallback_nesting_is_a_clear_error_that_changes_nothing(flavour: str) -> None:
+    dist = "lightning" if flavour == "lightning.pytorch" else "pytorch-lightning"
+    with fake_release(flavour, changed=True):
+        module = three_heads(flavour)
+        with module.toggle_optimizer(module.opts[0]):
+            (module.a.weight ** 2).sum().backward()
+            grads = module.a.weight.grad.clone()
+            inside, record = state(module), dict(module._param_requires_grad_state)
+            with pytest.raises(RuntimeError) as info:
+                module.toggle_optimizer(module.opts[1])
+            assert state(module) == inside and module._param_requires_grad_state == record
+            assert torch.equal(module.a.weight.grad, grads)
+        assert all(state(module).values())
+        msg = str(info.value)
+        for words in ("toggleshim", f"{dist} 2.7.0", "not one toggleshim has verified", "python -m toggleshim check",
+                      "pin Lightning", "report", "Nothing was changed"):
+            assert words in msg, (words, msg)
+        outer = module.toggle_optimizer(module.opts[1])  # made before the block, entered inside it
+        with module.toggle_optimizer(module.opts[0], zero_grad=False, step=False), pytest.raises(RuntimeError):
+            outer.__enter__()
+
+
+def test_fallback_bad_flags_change_nothing(flavour: str) -> None:
+    with fake_release(flavour, changed=True):
+        module = three_heads(flavour)
+        with pytest.raises(TypeError, match="zero_grad must be True or False"):
+            module.toggle_optimizer(module.opts[0], zero_grad="yes")
+        assert all(state(module).values()) and not module._param_requires_grad_state
+
+
+def test_fallback_sync_grad_false_blocks_gradient_sync(flavour: str) -> None:
+    events: list[str] = []
+
+    class Sync:
+        def __enter__(self) -> None:
+            events.append("blocked")
+
+        def __exit__(self, *exc: Any) -> None:
+            events.append("resumed")
+
+    with fake_release(flavour, changed=True):
+        module = three_heads(flavour)
+        module._trainer.strategy = SimpleNamespace(block_backward_sync=Sync)
+        with module.toggle_optimizer(module.opts[0], sync_grad=False):
+            events.append("body")
+        assert events == ["blocked", "body", "resumed"]
+        module._trainer.strategy = SimpleNamespace()  # no attribute: a failing strategy changes nothing
+
+        class Broken:
+            optimizers = module.opts
+
+            @property
+            def strategy(self) -> Any:
+                raise RuntimeError("no strategy")
+
+        module._trainer = Broken()
+        with pytest.raises(RuntimeError, match="no strategy"):
+            module.toggle_optimizer(module.opts[0], sync_grad=False)
+        assert all(state(module).values())
+
+
+def test_route_gives_the_typed_entry_point_the_fallback(flavour: str) -> None:
+    module = three_heads(flavour)
+    assert _fallback.route(module) is None  # verified code: toggleshim.toggle is the shim's own
+    with fake_release(flavour, changed=True):
+        fallback = _fallback.route(module)
+        assert fallback is not None
+        with fallback(module, module.opts[0]) as opt:
+            assert opt is module.opts[0] and not module.b.weight.requires_grad
+
+
+# someone else's replacement
+
+
+def test_someone_elses_patch_warning_says_what_the_with_line_will_do(flavour: str) -> None:
+    cls = pl(flavour).LightningModule
+    toggleshim.uninstall()
+    saved = vars(cls)["toggle_optimizer"]
+
+    def toggle_optimizer(self: Any, optimizer: Any) -> None:  # another patcher's
+        saved(self, optimizer)
+
+    cls.toggle_optimizer = toggle_optimizer
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            toggleshim.install()
+        (msg,) = [str(w.message) for w in caught if issubclass(w.category, toggleshim.ToggleshimWarning)]
+        assert vars(cls)["toggle_optimizer"] is toggle_optimizer  # never wrapped, never clobbered
+        assert "toggleshim left" in msg and "someone else" in msg and "'NoneType' object does not support" in msg
+        assert "2.6" in msg or importlib.metadata.version("lightning") in msg
+    finally:
+        cls.toggle_optimizer = saved
+        toggleshim.install()
+
+
+# as users meet it: a fresh process, Lightning upgraded under their code
+
+_USER_CODE = """
+import warnings, sys
+warnings.simplefilter("always")
+from _fake_release import FORCE_TRAINABLE, method_copy, relabelled
+from _fixtures import three_heads
+import {flavour} as pl
+with relabelled("2.7.0"):
+    if {changed}:
+        cls = pl.LightningModule
+        cls.toggle_optimizer = method_copy(cls.toggle_optimizer, (FORCE_TRAINABLE,))
+    import toggleshim
+module = three_heads("{flavour}")
+with module.toggle_optimizer(module.opts[0]):
+    (module.a.weight ** 2).sum().backward()
+print("block ok", all(p.requires_grad for p in module.parameters()))
+with module.toggle_optimizer(module.opts[0]):
+    with module.toggle_optimizer(module.opts[1]):
+        pass
+print("nested ok")
+"""
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_fresh_process_after_a_lightning_upgrade(flavour: str, changed: bool) -> None:
+    code = textwrap.dedent(_USER_CODE).format(flavour=flavour, changed=changed)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert "block ok True" in proc.stdout, proc.stderr
+    assert "NoneType" not in proc.stderr
+    if changed:
+        assert proc.returncode == 1 and "nested ok" not in proc.stdout
+        assert proc.stderr.count("ToggleshimWarning") == 1, proc.stderr
+        assert "RuntimeError: toggleshim: nested toggle_optimizer blocks are not available on" in proc.stderr
+        assert "2.7.0" in proc.stderr.splitlines()[-1]
+    else:
+        assert proc.returncode == 0 and "nested ok" in proc.stdout
+        assert "ToggleshimWarning" not in proc.stderr, proc.stderr

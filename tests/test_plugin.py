@@ -1,0 +1,78 @@
+"""The pytest plugin (issue 13, point 5), run as users run it: ``pytest --toggleshim-check`` in a fresh
+process on a small project of their own. Passing and failing (a conftest that installs a wrong toggle),
+once per session under xdist, opt-in and cheap to load without the flag."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ENV = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TOGGLESHIM_", "HYPOTHESIS_"))}
+USER_TEST = "def test_users_own_code():\n    assert 1 + 1 == 2\n"
+# a Lightning release that changed toggling: toggled parameters forced trainable (the mutant looks
+# like Lightning's own method, as a new release's would)
+WRONG_TOGGLE = "from toggleshim.testing import mutants\nmutants.apply('toggle unfreezes user-frozen parameters')\n"
+
+
+def project(tmp_path: Path, conftest: str = "") -> Path:
+    (tmp_path / "test_user.py").write_text(USER_TEST)
+    if conftest:
+        (tmp_path / "conftest.py").write_text(conftest)
+    return tmp_path
+
+
+def pytest_in(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=path, capture_output=True, text=True, env=ENV, timeout=300,
+    )  # fmt: skip
+
+
+def test_plugin_passes_on_the_installed_lightning(tmp_path: Path) -> None:
+    proc = pytest_in(project(tmp_path), "--toggleshim-check", "--toggleshim-check-examples", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = proc.stdout.split("toggleshim check", 1)[1]
+    assert "1 passed" in proc.stdout and "OK:" in summary and "toggle code verified" in summary
+    assert "GPU available" not in proc.stdout + proc.stderr
+
+
+def test_plugin_fails_the_session_on_a_mismatch_with_the_counterexample(tmp_path: Path) -> None:
+    proc = pytest_in(project(tmp_path, WRONG_TOGGLE), "--toggleshim-check", "--toggleshim-check-examples", "5",
+                     "--toggleshim-check-flavour", "lightning.pytorch")
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # although the user's test passed
+    assert "1 passed" in proc.stdout
+    summary = proc.stdout.split("toggleshim check", 1)[1]
+    assert "MISMATCH" in summary and "trainable" in summary
+    assert "Reproduce with:" in summary and "spec = WorldSpec(" in summary
+    assert "NOT verified" in summary  # the gate had given that Lightning the fallback
+
+
+def test_plugin_runs_once_under_xdist(tmp_path: Path) -> None:
+    pytest.importorskip("xdist")
+    proc = pytest_in(project(tmp_path), "-n", "2", "--toggleshim-check", "--toggleshim-check-examples", "2",
+                     "--toggleshim-check-flavour", "pytorch_lightning")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("toggleshim check: toggleshim") == 1
+
+
+def test_plugin_is_opt_in_and_cheap_without_the_flag(tmp_path: Path) -> None:
+    conftest = (
+        "import sys\n"
+        "def pytest_sessionfinish(session):\n"
+        "    heavy = [m for m in ('torch', 'toggleshim', 'lightning', 'pytorch_lightning') if m in sys.modules]\n"
+        "    print('HEAVY', heavy)\n"
+    )
+    proc = pytest_in(project(tmp_path, conftest), "-s")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "HEAVY []" in proc.stdout and "toggleshim check" not in proc.stdout
+    helped = pytest_in(tmp_path, "--help")
+    assert "toggleshim" in helped.stdout and "--toggleshim-check" in helped.stdout
+
+
+def test_plugin_bad_examples_is_a_usage_error(tmp_path: Path) -> None:
+    proc = pytest_in(project(tmp_path), "--toggleshim-check", "--toggleshim-check-examples", "0")
+    assert proc.returncode == 4 and "at least 1" in proc.stderr
