@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import toggleshim  # noqa: F401
 from toggleshim.testing import InjectedFault, ToggleModel, WorldSpec, build_world, installed_flavours, worlds
+from toggleshim.testing.model import expected_sync
 
 
 def _params(opt: Any) -> list[Any]:
@@ -29,6 +30,7 @@ class _Open:
     frame: Any
     k: int
     step: bool
+    sync_grad: bool
 
 
 class ToggleMachine(RuleBasedStateMachine):
@@ -40,11 +42,14 @@ class ToggleMachine(RuleBasedStateMachine):
     # optimizer's worlds are in test_equivalence).
     @initialize(spec=worlds(nesting=False, faults=False, max_ops=1).filter(lambda spec: len(spec.optimizers) > 1))
     def build(self, spec: WorldSpec) -> None:
-        self.world = build_world(WorldSpec(spec.graph, spec.frozen, spec.optimizers, ()), self.flavour)
+        # the drawn kinds of optimizer object (torch, or LightningOptimizer) and the stand-in strategy
+        self.world = build_world(WorldSpec(spec.graph, spec.frozen, spec.optimizers, (), spec.wrapped), self.flavour)
         self.model = ToggleModel(self.world.optimizers_spec, [p.requires_grad for p in self.world.params])
         self.blocks: list[_Open] = []
         self.ever_frozen = {i for i, p in enumerate(self.world.params) if not p.requires_grad}
         self.calls: list[tuple[str, int]] = []
+        self.sync: list[str] = []  # the model's block_backward_sync entries and exits
+        self.steps_through_wrappers = 0  # the model's global step
         self.user_changed_inside = False
         self.flat_statement: int | None = None
 
@@ -60,14 +65,17 @@ class ToggleMachine(RuleBasedStateMachine):
         return bool(self.model.record) and not self.model.stack
 
     # -- rules --
-    @rule(data=st.data(), zero_grad=st.booleans(), step=st.booleans(), fail=st.booleans())
-    def open_block(self, data: st.DataObject, zero_grad: bool, step: bool, fail: bool) -> None:
+    @rule(data=st.data(), zero_grad=st.booleans(), step=st.booleans(), fail=st.booleans(), sync_grad=st.booleans())
+    def open_block(self, data: st.DataObject, zero_grad: bool, step: bool, fail: bool, sync_grad: bool) -> None:
         k = self.k(data)
         if self.pending_statement():
             return  # a block over a pending statement toggle is Lightning's flat nesting (see README)
-        toggle = self.world.module.toggle_optimizer(self.world.opts[k], zero_grad=zero_grad, step=step)
+        toggle = self.world.module.toggle_optimizer(
+            self.world.opts[k], zero_grad=zero_grad, step=step, sync_grad=sync_grad
+        )
         frame = self.model.toggle(k)
-        self.model.enter(frame)
+        self.model.enter(frame, sync_grad)
+        self.sync += expected_sync(sync_grad, entry=True)
         if zero_grad:
             self.calls.append(("zero_grad", k))
         if fail and zero_grad:
@@ -77,10 +85,12 @@ class ToggleMachine(RuleBasedStateMachine):
             except InjectedFault as exc:
                 assert exc is self.world.raised[-1]
                 self.model.exit(frame)
+                self.sync += expected_sync(sync_grad, entry=False)
                 return
             raise AssertionError("a failing zero_grad did not propagate out of __enter__")
         assert toggle.__enter__() is self.world.opts[k]
-        self.blocks.append(_Open(toggle, frame, k, step))
+        self.model.start_body(frame)
+        self.blocks.append(_Open(toggle, frame, k, step, sync_grad))
 
     @precondition(lambda self: self.blocks)
     @rule(how=st.sampled_from(["clean", "error", "interrupt", "failing step"]))
@@ -90,6 +100,7 @@ class ToggleMachine(RuleBasedStateMachine):
             assert top.toggle.__exit__(None, None, None) is False
             if top.step:
                 self.calls.append(("step", top.k))
+                self.steps_through_wrappers += top.k in self.world.wrapped
         elif how == "failing step":
             self.world.fault = ("step", top.k)
             try:
@@ -105,6 +116,7 @@ class ToggleMachine(RuleBasedStateMachine):
             exc = InjectedFault("body") if how == "error" else KeyboardInterrupt()
             assert top.toggle.__exit__(type(exc), exc, None) is False  # never swallowed
         self.model.exit(top.frame)
+        self.sync += expected_sync(top.sync_grad, entry=False)
 
     @rule(data=st.data())
     def statement_toggle(self, data: st.DataObject) -> None:
@@ -275,6 +287,21 @@ class ToggleMachine(RuleBasedStateMachine):
     @invariant()
     def optimizer_calls_follow_the_exit_paths(self) -> None:
         assert self.world.calls == self.calls
+
+    @invariant()
+    def gradient_sync_is_blocked_exactly_inside_sync_grad_false_blocks(self) -> None:
+        strategy = self.world.strategy
+        assert strategy is not None
+        assert (strategy.blocked > 0) == self.model.sync_blocked(), (strategy.blocked, self.model.stack)
+        assert strategy.sync_log == self.sync, (strategy.sync_log, self.sync)
+
+    @invariant()
+    def steps_through_lightning_optimizers_run_the_hooks_and_count(self) -> None:
+        strategy = self.world.strategy
+        assert strategy is not None
+        assert strategy.global_step == self.steps_through_wrappers
+        steps = [k for name, k in self.world.reached if name == "step" and k in self.world.wrapped]
+        assert strategy.hooks == [(hook, k) for k in steps for hook in ("before_step", "after_step")]
 
     def teardown(self) -> None:
         while getattr(self, "blocks", None):  # leave no block open on the module

@@ -9,6 +9,7 @@ is also recorded as a snapshot, so two worlds can be compared bitwise afterwards
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
@@ -172,9 +173,16 @@ class World:
     fault: tuple[str, int] | None = None
     raised: list[BaseException] = field(default_factory=list)
     global_step: Callable[[], int] = lambda: 0
+    strategy: StandInStrategy | None = None
+    reached: list[tuple[str, int]] = field(default_factory=list)
+    wrapped: tuple[int, ...] = ()
 
     def instrument(self) -> None:
-        """Log (and, when armed, fail) every zero_grad/step called on the toggled objects."""
+        """Log (and, when armed, fail) every zero_grad/step called on the toggled objects.
+
+        ``calls`` logs every call; ``reached`` the calls that went on to the object's own method (a
+        fault injected before the update stops it there).
+        """
         for k, opt in enumerate(self.opts):
             for name in ("zero_grad", "step"):
                 original = getattr(opt, name)
@@ -185,17 +193,76 @@ class World:
                     if armed is not None and armed[1] == _k and armed[0] in (_name, f"{_name}_after"):
                         self.fault = None
                         if armed[0] == f"{_name}_after":
+                            self.reached.append((_name, _k))
                             _orig(*args, **kwargs)
                         self.raised.append(err := InjectedFault(f"{armed[0]} of optimizer {_k} failed"))
                         raise err
+                    self.reached.append((_name, _k))
                     return _orig(*args, **kwargs)
 
                 opt.__dict__[name] = wrapper
 
 
-def _stand_in_trainer(module: Any, optimizers: list[torch.optim.Optimizer]) -> None:
-    """Attach a minimal trainer exposing only ``optimizers`` (fast, for unit-level properties)."""
-    module._trainer = SimpleNamespace(optimizers=optimizers, strategy=SimpleNamespace())
+class _SyncBlock:
+    """What ``StandInStrategy.block_backward_sync()`` returns: counts and logs entries and exits."""
+
+    __slots__ = ("strategy",)
+
+    def __init__(self, strategy: StandInStrategy) -> None:
+        self.strategy = strategy
+
+    def __enter__(self) -> None:
+        self.strategy.blocked += 1
+        self.strategy.sync_log.append("enter")
+
+    def __exit__(self, *exc: object) -> None:
+        self.strategy.blocked -= 1
+        self.strategy.sync_log.append("exit")
+
+
+class StandInStrategy:
+    """A stand-in for a parallel strategy (DDP): ``block_backward_sync()`` records whether gradient
+    sync is blocked (``blocked``: how many no-sync contexts are open) and every entry and exit
+    (``sync_log``); ``optimizer_step`` is what a ``LightningOptimizer``'s ``step`` calls. The loop's
+    hooks (``on_before_step``/``on_after_step``, installed on the wrappers) log and count global steps
+    as Lightning's manual loop does (one per completed optimizer step)."""
+
+    def __init__(self) -> None:
+        self.blocked = 0
+        self.sync_log: list[str] = []
+        self.hooks: list[tuple[str, int]] = []
+        self.global_step = 0
+
+    def block_backward_sync(self) -> _SyncBlock:
+        return _SyncBlock(self)
+
+    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
+        return optimizer.step(closure=closure, **kwargs)
+
+    def hook(self, name: str, k: int) -> Callable[[], None]:
+        def on_step() -> None:
+            self.hooks.append((name, k))
+            if name == "after_step":
+                self.global_step += 1
+
+        return on_step
+
+
+def _stand_in_trainer(module: Any, optimizers: list[torch.optim.Optimizer], strategy: Any = None) -> None:
+    """Attach a minimal trainer exposing only ``optimizers`` and ``strategy`` (fast, for unit-level
+    properties)."""
+    module._trainer = SimpleNamespace(optimizers=optimizers, strategy=strategy or SimpleNamespace())
+
+
+def _wrap(flavour: str, optimizer: torch.optim.Optimizer, strategy: StandInStrategy, k: int) -> Any:
+    """The ``LightningOptimizer`` of ``flavour`` around ``optimizer``, as ``self.optimizers()`` returns
+    it in manual optimization: the strategy set, the loop's step hooks installed."""
+    cls = importlib.import_module(f"{flavour}.core.optimizer").LightningOptimizer
+    wrapper = cls(optimizer)
+    wrapper._strategy = strategy
+    wrapper._on_before_step = strategy.hook("before_step", k)
+    wrapper._on_after_step = strategy.hook("after_step", k)
+    return wrapper
 
 
 #: Worlds built in this process (benchmarks report worlds per second from it).
@@ -211,8 +278,19 @@ def build_world(spec: WorldSpec, flavour: str = "lightning.pytorch") -> World:
     for i in spec.frozen:
         params[i].requires_grad_(False)
     optimizers = _build_optimizers(spec.optimizers, params)
-    _stand_in_trainer(module, optimizers)
-    world = World(module, params, list(optimizers), _graph_terms(module, inputs), _optimizer_params(optimizers, params))
+    strategy = StandInStrategy()
+    _stand_in_trainer(module, optimizers, strategy)
+    opts = [_wrap(flavour, o, strategy, k) if k in spec.wrapped else o for k, o in enumerate(optimizers)]
+    world = World(
+        module,
+        params,
+        opts,
+        _graph_terms(module, inputs),
+        _optimizer_params(optimizers, params),
+        global_step=lambda: strategy.global_step,
+        strategy=strategy,
+        wrapped=tuple(spec.wrapped),
+    )
     world.instrument()
     return world
 
@@ -231,7 +309,9 @@ class ShimDriver:
     name = "shim"
 
     def block(self, world: World, op: Block, after_toggle: Callable[[], None], body: Callable[[], None]) -> None:
-        toggled = world.module.toggle_optimizer(world.opts[op.k], zero_grad=op.zero_grad, step=op.step)
+        toggled = world.module.toggle_optimizer(
+            world.opts[op.k], zero_grad=op.zero_grad, step=op.step, sync_grad=op.sync_grad
+        )
         after_toggle()
         with toggled:
             body()
@@ -265,11 +345,15 @@ class ManualDriver:
         self._toggle(world.module, opt)
         after_toggle()
         try:
-            if op.zero_grad:
-                opt.zero_grad()
-            body()
-            if op.step:
-                opt.step()
+            # LightningOptimizer.toggle_model(sync_grad=False): the strategy's no-sync context, when
+            # the strategy has one (a parallel strategy)
+            block_sync = None if op.sync_grad else getattr(world.module.trainer.strategy, "block_backward_sync", None)
+            with block_sync() if block_sync is not None else contextlib.nullcontext():
+                if op.zero_grad:
+                    opt.zero_grad()
+                body()
+                if op.step:
+                    opt.step()
         finally:
             self._untoggle(world.module, opt)
 
@@ -292,6 +376,7 @@ class Snapshot:
     grads: tuple[torch.Tensor | None, ...]
     record: tuple[tuple[int, bool], ...] | None
     full: dict[str, Any] | None = None
+    sync_blocked: bool | None = None  # the stand-in strategy's gradient sync is blocked (None: no stand-in)
 
 
 @dataclass
@@ -302,6 +387,10 @@ class Run:
     outcomes: list[tuple[str, str, bool] | None]
     calls: list[tuple[str, int]]
     expected_calls: list[tuple[str, int]]
+    sync_log: list[str] = field(default_factory=list)
+    expected_sync: list[str] = field(default_factory=list)
+    hooks: list[tuple[str, int]] = field(default_factory=list)
+    expected_hooks: list[tuple[str, int]] = field(default_factory=list)
 
 
 def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -316,7 +405,15 @@ class _Runner:
         self.check_model = check_model
         self.snapshots: list[Snapshot] = []
         self.expected: list[tuple[str, int]] = []
+        self.expected_sync: list[str] = []
         self.path: list[str] = []
+
+    def expected_global_step(self) -> int:
+        """In stand-in worlds, the model's count: one per step that reached a ``LightningOptimizer``."""
+        w = self.world
+        if w.strategy is None:
+            return int(w.global_step())  # under a real Trainer: compared between the runs instead
+        return sum(len(_model.expected_hooks(k, k in w.wrapped, name == "step")) // 2 for name, k in w.reached)
 
     # -- points --
     def point(self, label: str, full: bool = False) -> None:
@@ -326,7 +423,9 @@ class _Runner:
         index = {id(p): i for i, p in enumerate(w.params)}
         raw = w.module.__dict__.get("_param_requires_grad_state")
         record = None if raw is None else tuple((index.get(id(p), -1), v) for p, v in raw.items())
-        snap = Snapshot(where, rg, tuple(_clone(p.grad) for p in w.params), record)
+        strategy = w.strategy
+        snap = Snapshot(where, rg, tuple(_clone(p.grad) for p in w.params), record,
+                        sync_blocked=None if strategy is None else strategy.blocked > 0)
         if full:
             snap.full = {
                 "params": [_clone(p) for p in w.params],
@@ -349,6 +448,17 @@ class _Runner:
                 if got != want
             ]
             raise Mismatch(f"{self.driver.name} world at {snap.where}: " + "; ".join(diff))
+        if snap.sync_blocked is not None and snap.sync_blocked != m.sync_blocked():
+            raise Mismatch(
+                f"{self.driver.name} world at {snap.where}: gradient sync is "
+                f"{'blocked' if snap.sync_blocked else 'on'}, the model says "
+                f"{'blocked (inside a block with sync_grad=False)' if m.sync_blocked() else 'on'}"
+            )
+        if snap.full is not None and snap.full["global_step"] != self.expected_global_step():
+            raise Mismatch(
+                f"{self.driver.name} world at {snap.where}: global_step is {snap.full['global_step']}, the "
+                f"model says {self.expected_global_step()} (one per step through a LightningOptimizer)"
+            )
         want_record = None if m.record is None else tuple(m.record.items())
         if snap.record != want_record:
             raise Mismatch(
@@ -377,7 +487,21 @@ class _Runner:
                 outcomes.append((type(exc).__name__, str(exc), injected))
             self.path = [f"op{n}"]
             self.point("end", full=True)
-        return Run(self.snapshots, outcomes, list(self.world.calls), self.expected)
+        strategy = self.world.strategy
+        wrapped = self.world.wrapped
+        expected_hooks = [
+            hook for name, k in self.world.reached for hook in _model.expected_hooks(k, k in wrapped, name == "step")
+        ]
+        return Run(
+            self.snapshots,
+            outcomes,
+            list(self.world.calls),
+            self.expected,
+            [] if strategy is None else list(strategy.sync_log),
+            self.expected_sync,
+            [] if strategy is None else list(strategy.hooks),
+            expected_hooks if strategy is not None else [],
+        )
 
     def op(self, op: object) -> None:
         w, m = self.world, self.model
@@ -440,14 +564,18 @@ class _Runner:
         def after_toggle() -> None:
             nonlocal frame
             frame = m.toggle(op.k)
-            m.enter(frame)
+            m.enter(frame, op.sync_grad)
             self.expected.extend(_model.expected_calls(op.k, op.zero_grad, op.step, None))
+            if w.strategy is not None:
+                self.expected_sync.extend(_model.expected_sync(op.sync_grad, entry=True))
             self.point(f"toggled{op.k}")
             if op.fail is not None:
                 w.fault = (op.fail, op.k)
 
         def run_body() -> None:
             nonlocal completed
+            if frame is not None:
+                m.start_body(frame)
             self.point("entered")
             self.body(op.body, "b")
             completed = True
@@ -459,6 +587,8 @@ class _Runner:
             if frame is not None:
                 m.exit(frame)
                 self.expected.extend(_model.expected_calls(op.k, op.zero_grad, op.step, completed))
+                if w.strategy is not None:
+                    self.expected_sync.extend(_model.expected_sync(op.sync_grad, entry=False))
             self.point(f"left{op.k}", full=True)
 
     def statement(self, op: Statement) -> None:
@@ -519,6 +649,8 @@ def compare_runs(a: Run, b: Run, world: World | None = None) -> None:
         raise Mismatch(f"the programs ended differently: {a.outcomes} vs {b.outcomes}")
     if a.calls != b.calls:
         raise Mismatch(f"optimizer calls differ: {a.calls} vs {b.calls}")
+    if a.hooks != b.hooks:
+        raise Mismatch(f"LightningOptimizer step hooks differ: {a.hooks} vs {b.hooks}")
     for sa, sb in zip(a.snapshots, b.snapshots):
         where = sa.where
         if sa.where != sb.where:
@@ -531,6 +663,8 @@ def compare_runs(a: Run, b: Run, world: World | None = None) -> None:
                 )
         if sa.record != sb.record:
             raise Mismatch(f"at {where}, _param_requires_grad_state differs: {sa.record} vs {sb.record}")
+        if sa.sync_blocked != sb.sync_blocked:
+            raise Mismatch(f"at {where}, gradient sync is blocked in one world and not in the other")
         for i, (ga, gb) in enumerate(zip(sa.grads, sb.grads)):
             if not _bitwise(ga, gb):
                 what = "None" if ga is None else "a tensor"
@@ -550,6 +684,16 @@ def check_calls(run: Run, driver_name: str = "shim") -> None:
     """The model's expected optimizer calls (exit paths) against what the world received."""
     if run.calls != run.expected_calls:
         raise Mismatch(f"{driver_name} world: optimizer calls {run.calls}, the model expects {run.expected_calls}")
+    if run.sync_log != run.expected_sync:
+        raise Mismatch(
+            f"{driver_name} world: the strategy's block_backward_sync was {run.sync_log}, the model expects "
+            f"{run.expected_sync} (entered when a sync_grad=False block starts, left once when it ends)"
+        )
+    if run.hooks != run.expected_hooks:
+        raise Mismatch(
+            f"{driver_name} world: LightningOptimizer step hooks ran {run.hooks}, the model expects "
+            f"{run.expected_hooks} (before/after around every step through a LightningOptimizer)"
+        )
 
 
 def assert_toggle_equivalent(spec: WorldSpec, flavour: str = "lightning.pytorch") -> None:
@@ -698,11 +842,13 @@ def user_world(module: Any, optimizers: Sequence[torch.optim.Optimizer],
     a stand-in that exposes ``optimizers``.
     """
     params = list(module.parameters())
+    strategy = None
     if getattr(module, "_trainer", None) is None:
-        _stand_in_trainer(module, list(optimizers))
+        strategy = StandInStrategy()  # blocks with sync_grad=False are checked against it
+        _stand_in_trainer(module, list(optimizers), strategy)
     world = World(module, params, list(optimizers),
                   list(terms) if terms is not None else [functools.partial(_loose_term, p) for p in params],
-                  _optimizer_params(optimizers, params))
+                  _optimizer_params(optimizers, params), strategy=strategy)
     world.instrument()
     return world
 

@@ -15,7 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Frame", "ToggleModel", "expected_calls", "lightning_toggle", "lightning_untoggle"]
+__all__ = [
+    "Frame",
+    "ToggleModel",
+    "expected_calls",
+    "expected_hooks",
+    "expected_sync",
+    "lightning_toggle",
+    "lightning_untoggle",
+]
 
 Optimizers = list[list[int]]
 
@@ -61,6 +69,22 @@ def expected_calls(k: int, zero_grad: bool, step: bool, body_completed: bool | N
     return [("step", k)] if step and body_completed else []
 
 
+def expected_sync(sync_grad: bool, entry: bool) -> list[str]:
+    """The strategy's ``block_backward_sync()`` a block uses: with ``sync_grad=False`` it is entered
+    once when the block starts (``entry``) and left once when it ends, by any path, exceptions
+    included; with ``sync_grad=True`` never."""
+    if sync_grad:
+        return []
+    return ["enter"] if entry else ["exit"]
+
+
+def expected_hooks(k: int, wrapped: bool, step_ran: bool) -> list[tuple[str, int]]:
+    """A step through a ``LightningOptimizer`` runs the loop's hooks around the update
+    (``_on_before_step``, ``_on_after_step``: one global step); a torch optimizer's step runs none.
+    ``step_ran``: the wrapper's ``step`` was called (a fault injected before it: not)."""
+    return [("before_step", k), ("after_step", k)] if wrapped and step_ran else []
+
+
 @dataclass(eq=False)
 class Frame:
     """One toggle: a block (``entered``) or a statement toggle made inside a block (``nested``)."""
@@ -74,6 +98,8 @@ class Frame:
     live: set[int] = field(default_factory=set)  # the toggled optimizer's parameters then
     entered: bool = False
     closed: bool = False
+    sync_grad: bool = True  # a block's flag: False blocks gradient sync while its body runs
+    in_body: bool = False  # the block's entry (zero_grad) is done: its body runs
 
 
 class ToggleModel:
@@ -142,9 +168,14 @@ class ToggleModel:
         self.stack.append(frame)  # a nested toggle is open from the call on, entered or not
         return frame
 
-    def enter(self, frame: Frame) -> None:
+    def enter(self, frame: Frame, sync_grad: bool = True) -> None:
         """The ``with`` statement starts (before ``zero_grad``)."""
         frame.entered = True
+        frame.sync_grad = sync_grad
+
+    def start_body(self, frame: Frame) -> None:
+        """The block's entry is done (``zero_grad`` included): its body starts."""
+        frame.in_body = True
         if not frame.nested:
             self.stack.append(frame)
 
@@ -186,6 +217,12 @@ class ToggleModel:
             self.record = {}
 
     # -- what the invariants talk about ----------------------------------------------------
+
+    def sync_blocked(self) -> bool:
+        """Gradient sync must be off while the body of a block with ``sync_grad=False`` runs (blocks
+        nested in it included); it is back on once every such block has ended, by any path. It
+        is not yet off between the toggle and the ``with`` statement (the toggle is a plain call)."""
+        return any(f.in_body and not f.closed and not f.sync_grad for f in self.stack)
 
     def trainable_inside(self) -> set[int] | None:
         """Inside the innermost open block: the managed parameters that may train (None outside)."""

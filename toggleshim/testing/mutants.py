@@ -191,6 +191,10 @@ SHIM: dict[str, tuple[str, str]] = {
         "        if len(mine) != len(theirs) or not all(map(is_, mine, theirs)):",
         "        if mine != theirs:",
     ),
+    "block ignores sync_grad": (
+        '    sync = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)',
+        "    sync = None",
+    ),
     "statement untoggle inside a block ignored": (
         "    if top._optimizer is optimizer or _unwrap(top._optimizer) is _unwrap(optimizer):\n        return top",
         "    if False:\n        return top",

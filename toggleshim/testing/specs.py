@@ -98,14 +98,16 @@ class Raise:
 
 @dataclass(frozen=True)
 class Block:
-    """``with toggle_optimizer(opt[k], zero_grad=, step=): body``; ``fail`` injects a fault in
-    ``"zero_grad"``, ``"step"`` (before the update) or ``"step_after"`` (after the update)."""
+    """``with toggle_optimizer(opt[k], zero_grad=, step=, sync_grad=): body``; ``fail`` injects a fault
+    in ``"zero_grad"``, ``"step"`` (before the update) or ``"step_after"`` (after the update).
+    ``sync_grad=False``: the body runs inside the strategy's ``block_backward_sync()``."""
 
     k: int
     body: tuple[object, ...] = ()
     zero_grad: bool = True
     step: bool = True
     fail: str | None = None
+    sync_grad: bool = True
 
 
 @dataclass(frozen=True)
@@ -118,12 +120,18 @@ class Statement:
 
 @dataclass(frozen=True)
 class WorldSpec:
-    """A whole world: graph, which parameters the user froze, the optimizers, and the program."""
+    """A whole world: graph, which parameters the user froze, the optimizers, and the program.
+
+    ``wrapped``: the optimizers the program passes as the ``LightningOptimizer`` of the flavour under
+    test (wrapping the torch optimizer, with a stand-in strategy and loop hooks, as
+    ``self.optimizers()`` returns them); the others are passed as torch optimizers.
+    """
 
     graph: GraphSpec
     frozen: tuple[int, ...]
     optimizers: tuple[OptimizerSpec, ...]
     program: tuple[object, ...]
+    wrapped: tuple[int, ...] = ()
 
     @property
     def nested(self) -> bool:
@@ -261,12 +269,12 @@ def programs(
 
     def extend(inner: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
         return st.one_of(
-            st.builds(Block, k, bodies(inner), st.booleans(), st.booleans(), fail),
+            st.builds(Block, k, bodies(inner), st.booleans(), st.booleans(), fail, st.booleans()),
             st.builds(Statement, k, bodies(inner)),
         )
 
     flat_blocks = st.one_of(
-        st.builds(Block, k, bodies(leaf), st.booleans(), st.booleans(), fail),
+        st.builds(Block, k, bodies(leaf), st.booleans(), st.booleans(), fail, st.booleans()),
         st.builds(Statement, k, bodies(leaf)),
     )
     if nesting:
@@ -303,7 +311,9 @@ def worlds(
     optimizers = draw(optimizer_partitions(n, max_optimizers))
     n_terms = len(graph.layers) + len(graph.loose)
     program = draw(programs(len(optimizers), n, n_terms, max_ops=max_ops, nesting=nesting, faults=faults))
-    return WorldSpec(graph, frozen, optimizers, program)
+    # which optimizers the program passes as LightningOptimizer (the kind of object users pass)
+    wrapped = tuple(k for k in range(len(optimizers)) if draw(st.booleans()))
+    return WorldSpec(graph, frozen, optimizers, program, wrapped)
 
 
 # -- hand-picked worlds every run includes (Hypothesis ``@example``) ----------------------------
@@ -329,10 +339,16 @@ FLAT_EXAMPLES = (
     # A key replaced by a loose parameter's, the values unchanged in order ([T, T, F]): only the keys
     # tell that Lightning's untoggle no longer restores parameter 2, set trainable inside the block.
     WorldSpec(_TWO, (2,), _LOOSE, (Block(0), Block(0, (SetRequiresGrad(2, True), EditRecord(2, "replace"))))),
+    # sync_grad=False: sync blocked inside, back on at every exit (a clean one, an error, a failing
+    # step); optimizer 1 passed as a LightningOptimizer (its step hooks, the global step)
+    WorldSpec(_TWO, (), _SHARED, (Block(1, (Backward((1,)),), sync_grad=False), Block(0, (Raise(),), sync_grad=False),
+                                  Block(1, fail="step", sync_grad=False), Block(1, fail="step_after")), (1,)),
 )
 #: Nested worlds: a block inside a block, a statement toggle left open inside a block.
 NESTED_EXAMPLES = (
     WorldSpec(_TWO, (), _SHARED, (Block(0, (Block(1, (Backward((1,)),)), Backward((0,)))),)),
     WorldSpec(_TWO, (), _SHARED, (Block(0, (Statement(1, (Raise(),)),)), Block(1, (Backward((1,)),)))),
     WorldSpec(_TWO, (), _SHARED, (Block(0, (Statement(1, (Backward((1,)),)), Backward((0,)))),)),
+    # a sync_grad=True block inside a sync_grad=False one: still blocked; back on after the outer
+    WorldSpec(_TWO, (), _SHARED, (Block(0, (Block(1, (Backward((1,)),)), Raise()), sync_grad=False),), (0, 1)),
 )
