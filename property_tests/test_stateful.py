@@ -14,10 +14,12 @@ import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from test_hostile import Interrupter
 
 import toggleshim  # noqa: F401
+from toggleshim import _toggle
 from toggleshim.testing import InjectedFault, ToggleModel, WorldSpec, build_world, installed_flavours, worlds
-from toggleshim.testing.model import expected_sync
+from toggleshim.testing.model import expected_sync, lightning_toggle
 
 
 def _params(opt: Any) -> list[Any]:
@@ -117,6 +119,77 @@ class ToggleMachine(RuleBasedStateMachine):
             assert top.toggle.__exit__(type(exc), exc, None) is False  # never swallowed
         self.model.exit(top.frame)
         self.sync += expected_sync(top.sync_grad, entry=False)
+
+    @precondition(lambda self: not self.blocks and not self.pending_statement())
+    @rule(data=st.data(), line=st.integers(1, 120), sync_grad=st.booleans())
+    def interrupted_block(self, data: st.DataObject, line: int, sync_grad: bool) -> None:
+        """Ctrl-C at the ``line``-th line the package runs during a block (120: past the end of most
+        blocks, so that some complete). The interrupt comes out unchanged; ``requires_grad`` is the
+        state before or, interrupted right after the toggle, Lightning's toggled state (the user then
+        untoggles); nothing stays open; gradient sync is back on."""
+        k = self.k(data)
+        before = [p.requires_grad for p in self.world.params]
+        toggled = list(self.model.rg)
+        lightning_toggle(toggled, self.model.optimizers, k)
+        with Interrupter(line) as inter:
+            try:
+                with self.world.module.toggle_optimizer(
+                    self.world.opts[k], zero_grad=False, step=False, sync_grad=sync_grad
+                ):
+                    pass
+            except KeyboardInterrupt as caught:
+                assert caught is inter.raised
+        if inter.raised is None:  # the block completed
+            frame = self.model.toggle(k)
+            self.model.enter(frame, sync_grad)
+            self.model.exit(frame)
+            self.sync += expected_sync(sync_grad, entry=True) + expected_sync(sync_grad, entry=False)
+            return
+        after = [p.requires_grad for p in self.world.params]
+        assert after in (before, toggled), (inter.raised, before, toggled, after)
+        if after != before:
+            self.world.module.untoggle_optimizer(self.world.opts[k])
+            assert [p.requires_grad for p in self.world.params] == before
+        state = _toggle._state_if_any(self.world.module)
+        assert state is None or not state.stack, "a block stayed open"
+        strategy = self.world.strategy
+        assert strategy is not None and strategy.blocked == 0
+        self.sync = list(strategy.sync_log)  # entered or not, depending on the line: balanced is checked
+        assert self.sync.count("enter") == self.sync.count("exit")
+        self.model.record = {} if self.model.record is not None else None
+
+    @precondition(lambda self: not self.pending_statement())
+    @rule(data=st.data(), in_flight=st.booleans())
+    def exit_without_enter(self, data: st.DataObject, in_flight: bool) -> None:
+        """``__exit__`` on a toggle whose block never started: with an exception in flight it returns
+        False (never replaces it); without, a RuntimeError says the block is not open. The toggle
+        stays a statement toggle, which its untoggle closes."""
+        k = self.k(data)
+        toggle = self.world.module.toggle_optimizer(self.world.opts[k])
+        self.model.toggle(k)
+        if in_flight:
+            exc = InjectedFault("in flight")
+            assert toggle.__exit__(InjectedFault, exc, None) is False
+        else:
+            try:
+                toggle.__exit__(None, None, None)
+            except RuntimeError as exc:
+                assert "not open" in str(exc)
+            else:
+                raise AssertionError("__exit__ of a block never entered did not refuse")
+        self.world.module.untoggle_optimizer(self.world.opts[k])
+        self.model.untoggle(k)
+
+    @rule(data=st.data(), flag=st.sampled_from(["zero_grad", "step", "sync_grad"]),
+          value=st.sampled_from([1, 0, None, "yes"]))
+    def bad_flag(self, data: st.DataObject, flag: str, value: object) -> None:
+        """A flag that is not a bool: a TypeError naming it, and nothing changes (the invariants)."""
+        try:
+            self.world.module.toggle_optimizer(self.world.opts[self.k(data)], **{flag: value})
+        except TypeError as exc:
+            assert f"{flag} must be True or False" in str(exc)
+        else:
+            raise AssertionError(f"{flag}={value!r} was accepted")
 
     @rule(data=st.data())
     def statement_toggle(self, data: st.DataObject) -> None:

@@ -24,13 +24,16 @@ from torch import nn
 from toggleshim.testing import model as _model
 from toggleshim.testing.specs import (
     Backward,
+    BadFlag,
     Block,
     EditRecord,
     GraphSpec,
     OptimizerSpec,
     Raise,
+    ReplaceRecord,
     SetRequiresGrad,
     Statement,
+    Untoggle,
     WorldSpec,
     _nested_in_block,
 )
@@ -52,6 +55,14 @@ class InjectedFault(Exception):
 
 class Mismatch(AssertionError):
     """Two worlds, or a world and the model, disagree; the message says where and what."""
+
+
+class _RecordLookalike(dict):  # type: ignore[type-arg]
+    """A dict subclass that says it is a ``dict`` (``__class__``): only ``type()`` tells."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return dict
 
 
 # -- building ---------------------------------------------------------------------------------
@@ -149,10 +160,26 @@ def _loose_term(p: torch.Tensor) -> torch.Tensor:
     return (p * p).sum() * 0.5
 
 
-def _build_optimizers(specs: Sequence[OptimizerSpec], params: list[nn.Parameter]) -> list[torch.optim.Optimizer]:
-    return [
+class _ParamList(list):  # type: ignore[type-arg]
+    """A list subclass for a param group's ``"params"`` (as some libraries put there)."""
+
+
+_CONTAINERS: dict[str, Callable[[list[Any]], Sequence[Any]]] = {
+    "list": list, "tuple": tuple, "list subclass": _ParamList
+}
+
+
+def _build_optimizers(
+    specs: Sequence[OptimizerSpec], params: list[nn.Parameter], container: str = "list"
+) -> list[torch.optim.Optimizer]:
+    optimizers = [
         _OPTIMIZERS[s.kind]([{"params": [params[i] for i in idx], **dict(h)} for idx, h in s.groups]) for s in specs
     ]
+    if container != "list":  # torch makes lists; the user (or a library) may put another sequence there
+        for o in optimizers:
+            for group in o.param_groups:
+                group["params"] = _CONTAINERS[container](group["params"])
+    return optimizers
 
 
 @dataclass
@@ -277,7 +304,7 @@ def build_world(spec: WorldSpec, flavour: str = "lightning.pytorch") -> World:
     params = list(module.parameters())
     for i in spec.frozen:
         params[i].requires_grad_(False)
-    optimizers = _build_optimizers(spec.optimizers, params)
+    optimizers = _build_optimizers(spec.optimizers, params, spec.container)
     strategy = StandInStrategy()
     _stand_in_trainer(module, optimizers, strategy)
     opts = [_wrap(flavour, o, strategy, k) if k in spec.wrapped else o for k, o in enumerate(optimizers)]
@@ -309,9 +336,11 @@ class ShimDriver:
     name = "shim"
 
     def block(self, world: World, op: Block, after_toggle: Callable[[], None], body: Callable[[], None]) -> None:
-        toggled = world.module.toggle_optimizer(
-            world.opts[op.k], zero_grad=op.zero_grad, step=op.step, sync_grad=op.sync_grad
-        )
+        # As users write it: a flag is passed only when it differs from its default (so the defaults
+        # are under test too)
+        flags = {name: value for name, value in (("zero_grad", op.zero_grad), ("step", op.step),
+                                                  ("sync_grad", op.sync_grad)) if value is not True}
+        toggled = world.module.toggle_optimizer(world.opts[op.k], **flags)
         after_toggle()
         with toggled:
             body()
@@ -321,6 +350,16 @@ class ShimDriver:
 
     def untoggle(self, world: World, k: int) -> None:
         world.module.untoggle_optimizer(world.opts[k])
+
+    def bad_flag(self, world: World, op: BadFlag) -> None:
+        """A flag of another type: a TypeError that names it, before anything changes."""
+        try:
+            world.module.toggle_optimizer(world.opts[op.k], **{op.flag: op.value})
+        except TypeError as exc:
+            if f"{op.flag} must be True or False" not in str(exc):
+                raise Mismatch(f"toggle_optimizer({op.flag}={op.value!r}): a TypeError not naming it: {exc}") from exc
+            return
+        raise Mismatch(f"toggle_optimizer({op.flag}={op.value!r}) did not refuse the value")
 
 
 class ManualDriver:
@@ -362,6 +401,9 @@ class ManualDriver:
 
     def untoggle(self, world: World, k: int) -> None:
         self._untoggle(world.module, world.opts[k])
+
+    def bad_flag(self, world: World, op: BadFlag) -> None:
+        """Lightning's toggle takes no flags: nothing to do (the shim's must change nothing either)."""
 
 
 # -- running, with the model checked at every point -------------------------------------------
@@ -528,6 +570,18 @@ class _Runner:
             self.block(op)
         elif isinstance(op, Statement):
             self.statement(op)
+        elif isinstance(op, Untoggle):
+            self.driver.untoggle(w, op.k)
+            m.untoggle(op.k)
+            self.point(f"untoggled{op.k}")
+        elif isinstance(op, BadFlag):
+            self.driver.bad_flag(w, op)
+            self.point("bad flag")
+        elif isinstance(op, ReplaceRecord):
+            record = w.module.__dict__.get("_param_requires_grad_state")
+            if record is not None:
+                w.module._param_requires_grad_state = (dict if op.how == "dict" else _RecordLookalike)(record)
+            self.point("record replaced")
         else:  # pragma: no cover - specs are closed
             raise TypeError(op)
 

@@ -16,14 +16,17 @@ __all__ = [
     "FLAT_EXAMPLES",
     "NESTED_EXAMPLES",
     "Backward",
+    "BadFlag",
     "Block",
     "EditRecord",
     "GraphSpec",
     "LayerSpec",
     "OptimizerSpec",
     "Raise",
+    "ReplaceRecord",
     "SetRequiresGrad",
     "Statement",
+    "Untoggle",
     "WorldSpec",
     "graphs",
     "optimizer_partitions",
@@ -90,6 +93,33 @@ class EditRecord:
 
 
 @dataclass(frozen=True)
+class Untoggle:
+    """A stray ``untoggle_optimizer(opt[k])`` statement (no toggle of its own to pair with): inside a
+    block it is Lightning's untoggle over the record, never the block's exit."""
+
+    k: int
+
+
+@dataclass(frozen=True)
+class BadFlag:
+    """``toggle_optimizer(opt[k], **{flag: value})`` with a value that is not a bool (``1``, ``None``,
+    ``"yes"``...): a TypeError naming ``flag``, and nothing changed."""
+
+    k: int
+    flag: str
+    value: object
+
+
+@dataclass(frozen=True)
+class ReplaceRecord:
+    """The body replaces ``_param_requires_grad_state`` by another object holding the same entries:
+    ``how`` is ``"dict"`` (a new dict) or ``"subclass"`` (a dict subclass that reports ``dict`` as its
+    ``__class__``). Lightning's untoggle reads whatever object is there."""
+
+    how: str
+
+
+@dataclass(frozen=True)
 class Raise:
     """The body raises: ``kind`` is ``"error"`` (an Exception) or ``"interrupt"`` (KeyboardInterrupt)."""
 
@@ -124,7 +154,8 @@ class WorldSpec:
 
     ``wrapped``: the optimizers the program passes as the ``LightningOptimizer`` of the flavour under
     test (wrapping the torch optimizer, with a stand-in strategy and loop hooks, as
-    ``self.optimizers()`` returns them); the others are passed as torch optimizers.
+    ``self.optimizers()`` returns them); the others are passed as torch optimizers. ``container``:
+    the type of every param group's ``"params"`` (users and libraries put tuples there).
     """
 
     graph: GraphSpec
@@ -132,6 +163,7 @@ class WorldSpec:
     optimizers: tuple[OptimizerSpec, ...]
     program: tuple[object, ...]
     wrapped: tuple[int, ...] = ()
+    container: str = "list"  # the param groups' "params": "list", "tuple" or "list subclass"
 
     @property
     def nested(self) -> bool:
@@ -249,6 +281,7 @@ def programs(
     max_ops: int = 4,
     nesting: bool = True,
     faults: bool = True,
+    hostile: bool = True,
 ) -> st.SearchStrategy[tuple[object, ...]]:
     """Random programs over the optimizers: blocks, statements, user changes (``requires_grad``, the
     record), backward, faults.
@@ -261,7 +294,14 @@ def programs(
     set_rg = st.builds(SetRequiresGrad, st.integers(0, n_params - 1), st.booleans())
     raise_ = st.builds(Raise, st.sampled_from(["error", "error", "interrupt"]))
     edit_record = st.builds(EditRecord, st.integers(0, n_params - 1), st.sampled_from(["flip", "delete", "replace"]))
-    leaf = st.one_of(backward, backward, set_rg, edit_record, *([raise_] if faults else []))
+    hostile_ops = [
+        st.builds(Untoggle, k),
+        # a value of another type for a flag: the bound is the kinds users pass by mistake
+        st.builds(BadFlag, k, st.sampled_from(["zero_grad", "step", "sync_grad"]),
+                  st.sampled_from([1, 0, None, "yes", 1.0])),
+        st.builds(ReplaceRecord, st.sampled_from(["dict", "subclass"])),
+    ] if hostile else []
+    leaf = st.one_of(backward, backward, set_rg, edit_record, *([raise_] if faults else []), *hostile_ops)
     fail = st.sampled_from([None, None, None, "zero_grad", "step", "step_after"]) if faults else st.none()
 
     def bodies(inner: st.SearchStrategy[object]) -> st.SearchStrategy[tuple[object, ...]]:
@@ -302,7 +342,8 @@ def n_parameters(graph: GraphSpec) -> int:
 
 @st.composite
 def worlds(
-    draw: st.DrawFn, nesting: bool = True, faults: bool = True, max_optimizers: int = 4, max_ops: int = 4
+    draw: st.DrawFn, nesting: bool = True, faults: bool = True, max_optimizers: int = 4, max_ops: int = 4,
+    hostile: bool = True,
 ) -> WorldSpec:
     """A whole world: graph -> frozen parameters -> optimizer partition -> program."""
     graph = draw(graphs())
@@ -310,10 +351,13 @@ def worlds(
     frozen = tuple(draw(st.lists(st.integers(0, n - 1), max_size=2, unique=True)))
     optimizers = draw(optimizer_partitions(n, max_optimizers))
     n_terms = len(graph.layers) + len(graph.loose)
-    program = draw(programs(len(optimizers), n, n_terms, max_ops=max_ops, nesting=nesting, faults=faults))
+    program = draw(
+        programs(len(optimizers), n, n_terms, max_ops=max_ops, nesting=nesting, faults=faults, hostile=hostile)
+    )
     # which optimizers the program passes as LightningOptimizer (the kind of object users pass)
     wrapped = tuple(k for k in range(len(optimizers)) if draw(st.booleans()))
-    return WorldSpec(graph, frozen, optimizers, program, wrapped)
+    container = draw(st.sampled_from(["list", "list", "tuple", "list subclass"])) if hostile else "list"
+    return WorldSpec(graph, frozen, optimizers, program, wrapped, container)
 
 
 # -- hand-picked worlds every run includes (Hypothesis ``@example``) ----------------------------

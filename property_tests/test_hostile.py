@@ -1,0 +1,130 @@
+"""Hostile cases as draws: Ctrl-C at a drawn line of the package, inside drawn programs.
+
+The invariants are those of ``tests/test_robustness.py`` (which tries every line of five fixed
+scenarios): here the world and the program are drawn, and so is the line. The interrupt propagates
+unchanged (the very object); ``requires_grad`` is the state before the program, or what Lightning's
+manual sequence leaves when interrupted right after its toggle; nothing stays open on the module;
+gradient sync is back on; the next block is a flat one, exactly Lightning's toggle.
+
+The other hostile cases (records replaced by the body, another type of param container, stray
+untoggles, bad flags) are drawn by ``worlds()`` itself, in every property.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Any
+
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import toggleshim
+from toggleshim import _toggle
+from toggleshim.testing import Block, ShimDriver, Statement, WorldSpec, build_world, worlds
+from toggleshim.testing.harness import ManualDriver, _Runner
+
+PACKAGE = str(Path(toggleshim.__file__).parent)
+HARNESS = str(Path(PACKAGE) / "testing")
+# Run by the garbage collector or the import system at any time: not the toggle's lines.
+ASYNCHRONOUS = {"_drop_caches", "_forget", "find_spec"}
+
+
+class Interrupter:
+    """Raises ``KeyboardInterrupt`` at the ``k``-th line of the package (the harness excluded), as a
+    SIGINT handler would between two lines; ``k=0`` only counts them."""
+
+    def __init__(self, k: int = 0) -> None:
+        self.k, self.lines = k, 0
+        self.raised: KeyboardInterrupt | None = None
+
+    def __enter__(self) -> Interrupter:
+        sys.settrace(self._call)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.settrace(None)
+
+    def _call(self, frame: Any, event: str, arg: Any) -> Any:
+        name = frame.f_code.co_filename
+        if frame.f_code.co_name in ASYNCHRONOUS or not name.startswith(PACKAGE) or name.startswith(HARNESS):
+            return None
+        return self._line
+
+    def _line(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            self.lines += 1
+            if self.lines == self.k:
+                self.raised = KeyboardInterrupt(f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}")
+                raise self.raised
+        return self._line
+
+
+def _plain(op: object) -> object | None:
+    """``op`` without the user's own changes (so that "the state before" is what must come back)."""
+    if isinstance(op, (Block, Statement)):
+        body = tuple(b for b in (_plain(o) for o in op.body) if b is not None)
+        return Block(op.k, body, op.zero_grad, op.step, None, op.sync_grad) if isinstance(op, Block) else Statement(
+            op.k, body
+        )
+    return op if type(op).__name__ == "Backward" else None
+
+
+def _rg(world: Any) -> list[bool]:
+    return [p.requires_grad for p in world.params]
+
+
+def _open(world: Any) -> list[Any]:
+    state = _toggle._state_if_any(world.module)
+    return [] if state is None else list(state.stack)
+
+
+@given(spec=worlds(nesting=True, faults=False, hostile=False), data=st.data())
+def test_ctrl_c_at_a_drawn_line_leaves_nothing_behind(flavour: str, spec: WorldSpec, data: st.DataObject) -> None:
+    ops = [_plain(op) for op in spec.program if isinstance(op, (Block, Statement))]
+    assume(ops)
+    op = ops[0]
+    assert isinstance(op, (Block, Statement))
+    spec = WorldSpec(spec.graph, spec.frozen, spec.optimizers, (op,), spec.wrapped)
+
+    def run(world: Any) -> None:
+        # a backward with nothing to differentiate raises: one more of the block's exit paths
+        with contextlib.suppress(Exception):
+            _Runner(world, ShimDriver(), check_model=False).op(op)
+
+    counted = build_world(spec, flavour)
+    with Interrupter() as counter:
+        run(counted)
+    assume(counter.lines > 0)
+    k = data.draw(st.integers(1, counter.lines), label="interrupted line")
+
+    twin = build_world(spec, flavour)
+    ManualDriver.for_flavour(flavour).toggle(twin, op.k)
+    toggled = _rg(twin)  # Lightning's manual sequence, interrupted right after its toggle
+
+    world = build_world(spec, flavour)
+    before = _rg(world)
+    with Interrupter(k) as inter:
+        try:
+            run(world)
+        except KeyboardInterrupt as caught:
+            assert caught is inter.raised, "another exception came out than the interrupt"
+        else:
+            raise AssertionError(f"the interrupt at line {k} did not propagate")
+    after = _rg(world)
+    assert after in (before, toggled), (inter.raised, before, toggled, after)
+    assert not _open(world), inter.raised
+    assert world.strategy is not None and world.strategy.blocked == 0, "gradient sync left blocked"
+    assert world.strategy.sync_log.count("enter") == world.strategy.sync_log.count("exit")
+    if after != before:  # as after Lightning's toggle: the user untoggles
+        world.module.untoggle_optimizer(world.opts[op.k])
+        assert _rg(world) == before
+    j = data.draw(st.integers(0, len(world.opts) - 1), label="next block")
+    with world.module.toggle_optimizer(world.opts[j], zero_grad=False, step=False):
+        stack = _open(world)
+        assert len(stack) == 1 and not stack[0]._nested, "the next block is not a flat one"
+        expected = build_world(spec, flavour)
+        ManualDriver.for_flavour(flavour).toggle(expected, j)
+        assert _rg(world) == _rg(expected)
+    assert _rg(world) == before and not _open(world)
