@@ -98,7 +98,19 @@ def graph_module_class(flavour: str = "lightning.pytorch") -> type:
     return _GRAPH_CLASSES[flavour]
 
 
+_TEMPLATES: dict[Any, nn.Module] = {}
+
+
 def _make_layer(spec: Any) -> nn.Module:
+    """A fresh layer for ``spec``: a deep copy of a template made once per spec (``skip_init`` costs
+    ~3.5 ms a layer, a copy ~0.15 ms: docs/harness.md). Every value is overwritten from the seed."""
+    template = _TEMPLATES.get(spec)
+    if template is None:
+        template = _TEMPLATES[spec] = _new_layer(spec)
+    return copy.deepcopy(template)
+
+
+def _new_layer(spec: Any) -> nn.Module:
     d = spec.dims
     skip = nn.utils.skip_init  # no draw from torch's global RNG: every value is filled from the seed
     if spec.kind == "linear":

@@ -273,7 +273,13 @@ def optimizer_partitions(draw: st.DrawFn, n_params: int, max_optimizers: int = 4
 # -- program strategies -----------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=256)  # building (and validating) a recursive strategy costs more than a draw
+# Programs are drawn once over these index ranges and fitted to a world by modulo (``_fit``): one
+# strategy for every world, validated once. Building (and validating) a recursive strategy for each
+# world's sizes cost ~40% of a world's time (docs/harness.md). The bounds are the worlds' own maxima:
+# 4 optimizers, 12 parameters (5 layers of 2 and 2 loose), 7 loss terms.
+_MAX_OPTIMIZERS, _MAX_PARAMS, _MAX_TERMS = 4, 12, 7
+
+
 def programs(
     n_optimizers: int,
     n_params: int,
@@ -283,17 +289,47 @@ def programs(
     faults: bool = True,
     hostile: bool = True,
 ) -> st.SearchStrategy[tuple[object, ...]]:
-    """Random programs over the optimizers: blocks, statements, user changes (``requires_grad``, the
-    record), backward, faults.
+    """Random programs over the optimizers: blocks (every flag drawn), statements, user changes
+    (``requires_grad``, the record), backward, faults and, with ``hostile``, stray untoggles, flags of
+    other types and records replaced by the body.
 
-    ``max_ops`` bounds each body (4: several blocks per world while a world stays ~10 ms);
+    ``max_ops`` bounds each body (4: several blocks per world while a world stays a few ms);
     nesting is at most 3 deep (deeper adds time, not new paths).
     """
-    k = st.integers(0, n_optimizers - 1)
-    backward = st.builds(Backward, st.lists(st.integers(0, n_terms - 1), max_size=3, unique=True).map(tuple))
-    set_rg = st.builds(SetRequiresGrad, st.integers(0, n_params - 1), st.booleans())
+    return _programs(max_ops, nesting, faults, hostile).map(
+        functools.partial(_fit_program, n_optimizers, n_params, n_terms)
+    )
+
+
+def _fit_program(n_opt: int, n_params: int, n_terms: int, program: tuple[object, ...]) -> tuple[object, ...]:
+    return tuple(_fit(op, n_opt, n_params, n_terms) for op in program)
+
+
+def _fit(op: object, n_opt: int, n_params: int, n_terms: int) -> object:
+    """``op`` with its indices brought into a world's ranges (modulo); a loss's terms stay distinct."""
+    if isinstance(op, Block):
+        body = _fit_program(n_opt, n_params, n_terms, op.body)
+        return Block(op.k % n_opt, body, op.zero_grad, op.step, op.fail, op.sync_grad)
+    if isinstance(op, Statement):
+        return Statement(op.k % n_opt, _fit_program(n_opt, n_params, n_terms, op.body))
+    if isinstance(op, Backward):
+        return Backward(tuple(dict.fromkeys(t % n_terms for t in op.terms)))
+    if isinstance(op, SetRequiresGrad):
+        return SetRequiresGrad(op.param % n_params, op.value)
+    if isinstance(op, Untoggle):
+        return Untoggle(op.k % n_opt)
+    if isinstance(op, BadFlag):
+        return BadFlag(op.k % n_opt, op.flag, op.value)
+    return op  # EditRecord (its entry is taken modulo the record's length), Raise, ReplaceRecord
+
+
+@functools.cache  # building (and validating) a recursive strategy costs more than a draw
+def _programs(max_ops: int, nesting: bool, faults: bool, hostile: bool) -> st.SearchStrategy[tuple[object, ...]]:
+    k = st.integers(0, _MAX_OPTIMIZERS - 1)
+    backward = st.builds(Backward, st.lists(st.integers(0, _MAX_TERMS - 1), max_size=3, unique=True).map(tuple))
+    set_rg = st.builds(SetRequiresGrad, st.integers(0, _MAX_PARAMS - 1), st.booleans())
     raise_ = st.builds(Raise, st.sampled_from(["error", "error", "interrupt"]))
-    edit_record = st.builds(EditRecord, st.integers(0, n_params - 1), st.sampled_from(["flip", "delete", "replace"]))
+    edit_record = st.builds(EditRecord, st.integers(0, _MAX_PARAMS - 1), st.sampled_from(["flip", "delete", "replace"]))
     hostile_ops = [
         st.builds(Untoggle, k),
         # a value of another type for a flag: the bound is the kinds users pass by mistake
