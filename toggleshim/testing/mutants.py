@@ -87,117 +87,128 @@ LIGHTNING: dict[str, dict[str, Callable[[Any, Any], None]]] = {
 
 # -- shim bugs (source edits of _toggle.py) ---------------------------------------------------
 
+# Each is (text of _toggle.py, replacement). A bug that skips an untoggle also drops the block's
+# exit guard (``self._guard = None``): the guard alone would close the block a moment later (when the
+# ``with`` statement lets go of ``__exit__``), so the bug would not be the one named.
+_EXIT = (
+    "        try:\n"
+    "            if exc_type is None and self._step:\n"
+    "                optimizer.step()  # type: ignore[attr-defined]\n"
+    "        finally:\n"
+    "            # Already closed when an enclosing block that ended first unwound it (a generator holding\n"
+    "            # a block): its untoggle is done, _close does nothing more.\n"
+    "            self._close()\n"
+)
+_ZERO_GRAD = (
+    "            if self._zero_grad:\n"
+    "                self._optimizer.zero_grad()  # type: ignore[union-attr]\n"
+)
+_FLAT_CHECK = (
+    "        and type(record) is dict  # not .__class__, which a subclass can fake\n"
+    "        and len(record) == len(managed)\n"
+    "        and all(map(is_, record, managed))\n"
+    "        and all(map(is_, record.values(), vals))  # not ==: 1 == True, which Lightning's write refuses\n"
+)
+
 SHIM: dict[str, tuple[str, str]] = {
     "step on exception": (
-        "if exc_type is None and self._step:",
-        "if self._step:",
+        "            if exc_type is None and self._step:",
+        "            if self._step:",
     ),
     "step ignores the step flag": (
-        "if exc_type is None and self._step:",
-        "if exc_type is None:",
+        "            if exc_type is None and self._step:",
+        "            if exc_type is None:",
     ),
-    "no zero_grad on entry": (
-        "            if self._zero_grad:\n                self._optimizer.zero_grad()",
-        "            if False:\n                self._optimizer.zero_grad()",
-    ),
-    "zero_grad ignores the flag": (
-        "            if self._zero_grad:\n                self._optimizer.zero_grad()",
-        "            if True:\n                self._optimizer.zero_grad()",
-    ),
+    "no zero_grad on entry": (_ZERO_GRAD, _ZERO_GRAD.replace("if self._zero_grad:", "if False:")),
+    "zero_grad ignores the flag": (_ZERO_GRAD, _ZERO_GRAD.replace("if self._zero_grad:", "if True:")),
     "exceptions swallowed": (
-        "        return False  # never swallow",
-        "        return exc_type is not None  # type: ignore[return-value]",
+        "        return False  # never swallow\n",
+        "        return exc_type is not None  # type: ignore[return-value]\n",
     ),
     "no untoggle on exception": (
-        "        finally:\n            state = self._state\n",
-        "        finally:\n            if exc_type is not None:\n"
-        "                return False\n            state = self._state\n",
+        _EXIT,
+        _EXIT.replace("            self._close()\n",
+                      "            if exc_type is None:\n                self._close()\n"
+                      "            else:\n                self._guard = None\n"),
     ),
     "no untoggle when zero_grad fails": (
-        "        except BaseException:\n            self._close(state)\n            raise",
-        "        except BaseException:\n            raise",
+        "        except BaseException:\n            _surely(self._close)\n            raise\n",
+        "        except BaseException:\n            self._guard = None\n            raise\n",
     ),
     "no untoggle when step fails": (
-        "        try:\n            if exc_type is None and self._step:\n"
-        "                self._optimizer.step()  # type: ignore[union-attr]\n"
-        "        finally:\n            state = self._state\n",
+        _EXIT,
+        "        self._guard = None\n"
         "        if exc_type is None and self._step:\n"
-        "            self._optimizer.step()  # type: ignore[union-attr]\n"
-        "        if True:\n            state = self._state\n",
+        "            optimizer.step()  # type: ignore[attr-defined]\n"
+        "        self._close()\n",
     ),
     "flat exit restores nothing": (
-        "    for p, was in zip(restore, restore_vals):\n        p.requires_grad = was",
-        "        pass",
+        "        _assign(restore(managed), restore(vals))\n",
+        "        pass\n",
     ),
     "flat exit leaves the record": (
-        '    namespace["_param_requires_grad_state"] = {}',
-        "    pass",
+        "    module.__dict__[_RECORD] = {}\n",
+        "    pass\n",
     ),
     "nesting is Lightning's (flat)": (
-        "    stack = state.stack\n    plan = state.plans",
-        "    stack: list[Any] = []\n    plan = state.plans",
+        "    t._nested = nested = bool(stack)\n",
+        "    t._nested = nested = False\n",
     ),
     "nested toggle from the frozen state": (
-        "        user = outer._user_view(plan, vals)",
-        "        user = vals",
+        "    t._vals = user = stack[-1]._user_view(managed, vals)\n",
+        "    t._vals = user = vals\n",
     ),
     "nested exit restores nothing": (
-        "                for p, was in zip(plan.managed, self._entry):\n"
-        "                    if p.requires_grad is not was:\n"
-        "                        p.requires_grad = was",
-        "                pass",
+        "            _assign(self._managed, self._entry)\n",
+        "            pass\n",
     ),
-    "toggle only on entry (statement form does nothing)": (
-        "    for p in free:  # as Lightning: every managed parameter but the toggled ones, frozen\n"
-        "        p.requires_grad = False",
-        "    pass",
-    ),
-    "a new plan's first toggle freezes nothing": (
-        "            for p in plan.free:  # as Lightning: every managed parameter but the toggled ones, frozen\n"
-        "                p.requires_grad = False",
-        "            pass",
+    "toggle freezes nothing (statement form does nothing)": (
+        "            _assign(free, repeat(False))\n",
+        "            pass\n",
     ),
     "toggle reuses a stale record": (
-        "        if vals != self.last_vals:",
-        "        if self.last_vals is None:",
+        "        if last is None or vals != self.last_vals:\n",
+        "        if last is None:\n",
     ),
     "toggle freezes the toggled optimizer too": (
-        "        free_idx = [i for i, mine in enumerate(own_mask) if not mine]",
-        "        free_idx = list(range(len(own_mask)))",
+        "        self.free = _picker([i for i, key in enumerate(order) if key not in own])",
+        "        self.free = _picker(list(range(len(order))))",
     ),
     "untoggle skips shared parameters": (
-        "        if o is not optimizer and o is not inner:\n            restored.update(id(p) for p in params)",
-        "        if o is not optimizer and o is not inner:\n"
-        "            restored.update(id(p) for p in params if id(p) not in own_ids)",
+        "        self.restore = _picker([i for i, key in enumerate(order) if key in restored])",
+        "        self.restore = _picker([i for i, key in enumerate(order) if key in restored and key not in own])",
     ),
-    "cached plan ignores in-place parameter edits": (
-        "    if len(now) != len(seq) or not all(map(is_, now, seq)):\n        return now",
-        "    if len(now) != len(seq):\n        return now",
+    "cached plan ignores in-place layout edits": (
+        "    if cached is None or len(layout) != len(cached) or not all(map(is_, layout, cached)):\n",
+        "    if cached is None or len(layout) != len(cached):\n",
     ),
     "flat exit ignores edits made inside the block": (
-        "        now = _layout(opts, optimizer, inner)\n        if (",
-        "        now = list(seq)\n        if (",
+        "    now = _layout(opts)\n    if (\n",
+        "    now = layout\n    if (\n",
     ),
     "flat exit restores the values found at the toggle": (
-        "            or last_record != record  # each parameter found, with an equal value\n"
-        "            or not all(map(is_, record.values(), vals))  # the values: the very bools recorded, in order\n",
-        "            or not last_record.keys() == record.keys()\n",
+        _FLAT_CHECK,
+        _FLAT_CHECK.replace("        and all(map(is_, record.values(), vals))", "        and True  #"),
     ),
     "flat exit ignores edits of the record's keys": (
-        "            or last_record != record  # each parameter found, with an equal value\n",
-        "            or len(last_record) != len(record)\n",
+        _FLAT_CHECK,
+        _FLAT_CHECK.replace("        and all(map(is_, record, managed))\n", ""),
     ),
-    "nested view compares parameters by value": (
-        "        if len(mine) != len(theirs) or not all(map(is_, mine, theirs)):",
-        "        if mine != theirs:",
-    ),
-    "block ignores sync_grad": (
-        '    sync = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)',
-        "    sync = None",
+    "flat exit trusts a dict subclass": (
+        _FLAT_CHECK,
+        _FLAT_CHECK.replace("        and type(record) is dict", "        and isinstance(record, dict)"),
     ),
     "statement untoggle inside a block ignored": (
-        "    if top._optimizer is optimizer or _unwrap(top._optimizer) is _unwrap(optimizer):\n        return top",
-        "    if False:\n        return top",
+        "    if top._optimizer is optimizer or _unwrap(top._optimizer) is _unwrap(optimizer):\n        return top\n",
+        "    if False:\n        return top\n",
+    ),
+    "block ignores sync_grad": (
+        '    sync = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)\n',
+        "    sync = None\n",
+    ),
+    "sync never resumed": (
+        "                self._sync_entered = bool(self._sync.__exit__(None, None, None)) and False\n",
+        "                self._sync_entered = False\n",
     ),
 }
 
@@ -227,7 +238,7 @@ def _apply_shim(name: str) -> None:
 
     old, new = SHIM[name]
     source = Path(_toggle.__file__).read_text()
-    if source.count(old) < 1:
+    if source.count(old) != 1:
         raise ValueError(f"mutant {name!r} no longer applies to _toggle.py: update toggleshim/testing/mutants.py")
     mutated = types.ModuleType("toggleshim._toggle")
     mutated.__file__ = _toggle.__file__
