@@ -27,8 +27,10 @@ from toggleshim.testing.harness import ManualDriver, _Runner
 
 PACKAGE = str(Path(toggleshim.__file__).parent)
 HARNESS = str(Path(PACKAGE) / "testing")
-# Run by the garbage collector or the import system at any time: not the toggle's lines.
+# Run by the garbage collector or the import system at any time: not the toggle's lines. (The weak
+# reference callback of a module's state is a lambda in _state: a world of an earlier example dying.)
 ASYNCHRONOUS = {"_drop_caches", "_forget", "find_spec"}
+ASYNCHRONOUS_CODE = {c for c in _toggle._state.__code__.co_consts if hasattr(c, "co_code")}
 
 
 class Interrupter:
@@ -48,7 +50,8 @@ class Interrupter:
 
     def _call(self, frame: Any, event: str, arg: Any) -> Any:
         name = frame.f_code.co_filename
-        if frame.f_code.co_name in ASYNCHRONOUS or not name.startswith(PACKAGE) or name.startswith(HARNESS):
+        if (frame.f_code.co_name in ASYNCHRONOUS or frame.f_code in ASYNCHRONOUS_CODE
+                or not name.startswith(PACKAGE) or name.startswith(HARNESS)):
             return None
         return self._line
 
@@ -82,10 +85,12 @@ def _open(world: Any) -> list[Any]:
 
 @given(spec=worlds(nesting=True, faults=False, hostile=False), data=st.data())
 def test_ctrl_c_at_a_drawn_line_leaves_nothing_behind(flavour: str, spec: WorldSpec, data: st.DataObject) -> None:
-    ops = [_plain(op) for op in spec.program if isinstance(op, (Block, Statement))]
+    # A block at the top (a statement toggle at the top has no finally, as Lightning's: an interrupt
+    # in its body leaves it toggled, and a block in its body is Lightning's flat nesting)
+    ops = [_plain(op) for op in spec.program if isinstance(op, Block)]
     assume(ops)
     op = ops[0]
-    assert isinstance(op, (Block, Statement))
+    assert isinstance(op, Block)
     spec = WorldSpec(spec.graph, spec.frozen, spec.optimizers, (op,), spec.wrapped)
 
     def run(world: Any) -> None:
