@@ -30,12 +30,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ["property_tests/test_equivalence.py", "property_tests/test_stateful.py", "property_tests/test_hostile.py"]
+PYTEST_ARGS = "-x -q -p no:randomly -p no:cacheprovider"
 CONFIG = """\
 [cosmic-ray]
 module-path = "{module}"
 timeout = {timeout}
 excluded-modules = []
-test-command = "env HYPOTHESIS_PROFILE=mutants TOGGLESHIM_FLAVOUR={flavour} {python} -m pytest -x -q -p no:randomly -p no:cacheprovider {tests}"
+test-command = "env HYPOTHESIS_PROFILE=mutants TOGGLESHIM_FLAVOUR={flavour} {python} -m pytest {pytest_args} {tests}"
 
 [cosmic-ray.distributor]
 name = "local"
@@ -83,7 +84,8 @@ def main() -> int:
     archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
     (work / "cr.toml").write_text(CONFIG.format(module=args.module, timeout=args.timeout, flavour=args.flavour,
-                                                python=sys.executable, tests=" ".join(TESTS)))
+                                                python=sys.executable, tests=" ".join(TESTS),
+                                                pytest_args=PYTEST_ARGS))
     session = work / "session.sqlite"
     session.unlink(missing_ok=True)
     subprocess.run([_bin("cosmic-ray"), "init", "cr.toml", str(session)], cwd=work, check=True)
