@@ -51,20 +51,19 @@ _MADE, _OPEN, _CLOSED = 0, 1, 2  # a Toggle's phase: toggled (statement, or not 
 _END: Any = object()  # ends an optimizer's parameters in a layout (see _layout)
 
 
-def _layout(opts: Sequence[Any]) -> list[Any]:
-    """All that Lightning's toggle and untoggle read of ``trainer.optimizers``: every optimizer's
-    parameters in Lightning's order, each optimizer's ended by ``_END``."""
-    seq: list[Any] = []
-    for opt in opts:
+def _read(opts: Sequence[Any], optimizer: Any, inner: Any) -> tuple[list[Any], tuple[int, ...]]:
+    """All that Lightning's toggle and untoggle read of ``trainer.optimizers``: the layout (every
+    optimizer's parameters in Lightning's order, each optimizer's ended by ``_END``) and the toggled
+    optimizer's positions (Lightning's test: ``is optimizer or is inner``)."""
+    layout: list[Any] = []
+    toggled: tuple[int, ...] = ()
+    for k, opt in enumerate(opts):
+        if opt is optimizer or opt is inner:
+            toggled += (k,)
         for group in opt.param_groups:
-            seq += group["params"]
-        seq.append(_END)
-    return seq
-
-
-def _toggled(opts: Sequence[Any], optimizer: Any, inner: Any) -> tuple[int, ...]:
-    """The positions of the toggled optimizer in ``opts`` (Lightning's test: ``is optimizer or is inner``)."""
-    return tuple([k for k, opt in enumerate(opts) if opt is optimizer or opt is inner])
+            layout += group["params"]
+        layout.append(_END)
+    return layout, toggled
 
 
 def _picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
@@ -185,6 +184,8 @@ def _unwrap(optimizer: Any) -> Any:
     The classes are looked up where Lightning defines them, at each call: no registry to keep in step
     (or to lose on a reload), and no cache of the class Lightning makes for every wrapper.
     """
+    if "_optimizer" not in getattr(optimizer, "__dict__", ()):  # a cheap first test: a wrapper has one
+        return optimizer
     for name in _WRAPPER_MODULES:
         cls = getattr(sys.modules.get(name), "LightningOptimizer", None)
         if cls is not None and isinstance(optimizer, cls):
@@ -324,11 +325,11 @@ def _untoggle_flat(module: Any, t: Toggle[Any]) -> None:
     optimizer, inner, layout, managed, vals = t._optimizer, t._inner, t._layout, t._managed, t._vals
     assert t._plan is not None and layout is not None and managed is not None and vals is not None
     record = module.__dict__.get(_RECORD)
-    now = _layout(opts)
+    now, toggled = _read(opts, optimizer, inner)
     if (
         len(now) == len(layout)
         and all(map(is_, now, layout))
-        and _toggled(opts, optimizer, inner) == t._toggled
+        and toggled == t._toggled
         and type(record) is dict  # not .__class__, which a subclass can fake
         and len(record) == len(managed)
         and all(map(is_, record, managed))
@@ -592,11 +593,10 @@ def _toggle_optimizer(
     inner = _unwrap(optimizer)
     sync = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)
     try:
-        layout = _layout(opts)
+        layout, toggled = _read(opts, optimizer, inner)
     except Exception:
         _check_optimizer(optimizer)  # a clear TypeError for a non-optimizer, else the original error
         raise
-    toggled = _toggled(opts, optimizer, inner)
     state = _STATES.get(id(module))
     if state is None or state.module() is not module:
         state = _state(module)
