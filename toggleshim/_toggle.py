@@ -362,7 +362,6 @@ class Toggle(Generic[_OptT]):
 
     __slots__ = (
         "_entry",
-        "_exit_fn",
         "_guard",
         "_inner",
         "_layout",
@@ -384,8 +383,7 @@ class Toggle(Generic[_OptT]):
     )
 
     _entry: tuple[bool, ...] | None  # nested: every managed requires_grad found at the toggle
-    _exit_fn: weakref.ref[Any] | None  # the last __exit__ handed out (see _ExitGuard)
-    _guard: weakref.ref[Any] | None  # the __exit__ the with statement holds, watched while open
+    _guard: weakref.ref[Any] | None  # the __exit__ the with statement holds, watched (see _ExitGuard)
     _inner: Any  # the torch optimizer in _optimizer
     _layout: list[Any] | None  # the layout at the toggle
     _managed: tuple[Any, ...] | None  # the managed parameters at the toggle
@@ -439,10 +437,6 @@ class Toggle(Generic[_OptT]):
             self._phase = _OPEN
             if not self._nested:
                 state.stack.append(self)
-            exit_fn = self._exit_fn() if self._exit_fn is not None else None
-            if exit_fn is not None:  # see _ExitGuard
-                self._guard = weakref.ref(exit_fn, self._exit_dropped)
-                del exit_fn  # a traceback through this frame must not keep it alive
             if self._sync is not None:
                 # Without gradient sync (DDP micro-batches) the block runs inside the strategy's
                 # no_sync, entered here and left on every exit.
@@ -481,7 +475,9 @@ class Toggle(Generic[_OptT]):
         return False  # never swallow
 
     def _exit_dropped(self, ref: weakref.ref[Any]) -> None:
-        if self._guard is ref:  # the with statement let go of its __exit__ before the block was closed
+        # The with statement let go of its __exit__ while the block was entered and not yet closed
+        # (_close clears _state last).
+        if self._guard is ref and self._phase != _MADE and self._state is not None:
             self._close()
 
     # -- leaving -----------------------------------------------------------------------------
@@ -493,12 +489,17 @@ class Toggle(Generic[_OptT]):
     def _close(self) -> None:
         """Untoggle, unwinding first the toggles left open above this one; gradient sync resumes."""
         try:
-            _surely(self._unwind)
+            try:
+                self._unwind()
+            except BaseException:
+                with contextlib.suppress(BaseException):
+                    self._unwind()  # interrupted or failed partway: once more, to completion
+                raise
         finally:
             if self._sync_entered:
                 # One line, so that no interrupt falls between resuming sync and recording it.
                 self._sync_entered = bool(self._sync.__exit__(None, None, None)) and False
-        self._state = self._guard = self._exit_fn = self._sync = None
+        self._state = self._guard = self._sync = None
 
     def _unwind(self) -> None:
         """Undo this toggle and every toggle still open above it, innermost first; one that fails does
@@ -521,32 +522,31 @@ class Toggle(Generic[_OptT]):
             raise error
 
     def _undo(self) -> None:
-        """Untoggle this toggle alone, then let go of what it holds."""
+        """Untoggle this toggle alone (once more if interrupted or failed partway), then let go."""
         if self._phase == _CLOSED:
             return
         try:
             self._untoggle()
         except BaseException:
             with contextlib.suppress(BaseException):
-                self._untoggle()  # interrupted or failed partway: once more, to completion
+                self._untoggle()
             self._let_go()
             raise
         self._let_go()
+
+    def _untoggle(self) -> None:
+        if not self._nested:
+            _untoggle_flat(self._module, self)
+            return
+        assert self._managed is not None and self._entry is not None
+        _assign(self._managed, self._entry)
+        _put_record(self._module, self._prev_record)
 
     def _let_go(self) -> None:
         """Closed: everything but the optimizer (its step may still come) and the state (_close) goes."""
         self._phase = _CLOSED
         self._module = self._inner = self._plan = self._layout = self._managed = None
         self._vals = self._entry = self._record = self._prev_record = None
-
-    def _untoggle(self) -> None:
-        module = self._module
-        if self._nested:
-            assert self._managed is not None and self._entry is not None
-            _assign(self._managed, self._entry)
-            _put_record(module, self._prev_record)
-        else:
-            _untoggle_flat(module, self)
 
     def _untoggle_statement(self) -> None:
         """``untoggle_optimizer`` called on a nested statement toggle: close it as a nested block."""
@@ -563,16 +563,18 @@ class _ExitGuard:
 
     A Ctrl-C can land before the first line of any Python ``__exit__`` runs, where no ``try`` of its
     own can catch it: the block would stay open for good. So the ``__exit__`` handed to a ``with``
-    statement is a fresh bound method that the block, once entered, watches through a weak reference:
-    the ``with`` statement lets go of it when the block ends, by any path, and if that happens before
-    ``_exit`` closed the block, the block is closed then (``Toggle._exit_dropped``).
+    statement is a fresh bound method, watched through a weak reference: the ``with`` statement lets
+    go of it when the block ends, by any path, and if the block is still open then, it is closed
+    (``Toggle._exit_dropped``). Looking ``__exit__`` up otherwise (``getattr``, a debugger) is harmless:
+    only the last lookup before the block opens is watched, and only while the block is open.
     """
 
     def __get__(self, toggle: Toggle[Any] | None, cls: Any = None) -> Any:
         if toggle is None:
             return Toggle._exit  # Toggle.__exit__(t, ...), contextlib.ExitStack
         exit_fn = MethodType(Toggle._exit, toggle)
-        toggle._exit_fn = weakref.ref(exit_fn)  # __enter__, right after, watches it
+        if toggle._phase == _MADE:  # the with statement about to enter; once open, no other getattr counts
+            toggle._guard = weakref.ref(exit_fn, toggle._exit_dropped)
         return exit_fn
 
 
@@ -615,7 +617,7 @@ def _toggle_optimizer(
     t._module, t._state, t._optimizer, t._inner = module, state, optimizer, inner
     t._zero_grad, t._step, t._sync, t._sync_entered = zero_grad, step, sync, False
     t._plan, t._layout, t._toggled, t._managed, t._phase = plan, layout, toggled, managed, _MADE
-    t._exit_fn = t._guard = None
+    t._guard = None
     namespace = module.__dict__
     stack = state.stack
     t._nested = nested = bool(stack)
