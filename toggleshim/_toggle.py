@@ -313,36 +313,6 @@ def _lightning_untoggle(module: Any, opts: Sequence[Any], optimizer: Any, inner:
     _assign(params, values)
 
 
-def _untoggle_flat(module: Any, t: Toggle[Any]) -> None:
-    """Lightning's ``untoggle_optimizer`` after the flat toggle ``t``. Idempotent.
-
-    While the optimizers' lists and the record are what the toggle left (the record's keys are the
-    managed parameters in order, its values the very bools recorded), the plan says what to restore,
-    without Lightning's tensor-keyed lookups. Otherwise (the user edited either), Lightning's own
-    untoggle, over the current lists and record.
-    """
-    opts = module.trainer.optimizers
-    optimizer, inner, layout, managed, vals = t._optimizer, t._inner, t._layout, t._managed, t._vals
-    assert t._plan is not None and layout is not None and managed is not None and vals is not None
-    record = module.__dict__.get(_RECORD)
-    now, toggled = _read(opts, optimizer, inner)
-    if (
-        len(now) == len(layout)
-        and all(map(is_, now, layout))
-        and toggled == t._toggled
-        and type(record) is dict  # not .__class__, which a subclass can fake
-        and len(record) == len(managed)
-        and all(map(is_, record, managed))
-        and all(map(is_, record.values(), vals))  # not ==: 1 == True, which Lightning's write refuses
-    ):
-        restore = t._plan.restore
-        _assign(restore(managed), restore(vals))
-    else:
-        _lightning_untoggle(module, opts, optimizer, inner)
-    # Lightning assigns through nn.Module.__setattr__, which stores a dict in __dict__ (10x slower).
-    module.__dict__[_RECORD] = {}
-
-
 # -- the toggle object ----------------------------------------------------------------------------
 
 
@@ -525,19 +495,47 @@ class Toggle(Generic[_OptT]):
         """Untoggle this toggle alone (once more if interrupted or failed partway), then let go."""
         if self._phase == _CLOSED:
             return
+        untoggle = self._untoggle_nested if self._nested else self._untoggle_flat
         try:
-            self._untoggle()
+            untoggle()
         except BaseException:
             with contextlib.suppress(BaseException):
-                self._untoggle()
+                untoggle()
             self._let_go()
             raise
         self._let_go()
 
-    def _untoggle(self) -> None:
-        if not self._nested:
-            _untoggle_flat(self._module, self)
-            return
+    def _untoggle_flat(self) -> None:
+        """Lightning's ``untoggle_optimizer`` after this flat toggle. Idempotent.
+
+        While the optimizers' lists and the record are what the toggle left (the record's keys are the
+        managed parameters in order, its values the very bools recorded), the plan says what to restore,
+        without Lightning's tensor-keyed lookups. Otherwise (the user edited either), Lightning's own
+        untoggle, over the current lists and record.
+        """
+        module = self._module
+        opts = module.trainer.optimizers
+        optimizer, inner, layout, managed, vals = self._optimizer, self._inner, self._layout, self._managed, self._vals
+        assert self._plan is not None and layout is not None and managed is not None and vals is not None
+        record = module.__dict__.get(_RECORD)
+        now, toggled = _read(opts, optimizer, inner)
+        if (
+            len(now) == len(layout)
+            and all(map(is_, now, layout))
+            and toggled == self._toggled
+            and type(record) is dict  # not .__class__, which a subclass can fake
+            and len(record) == len(managed)
+            and all(map(is_, record, managed))
+            and all(map(is_, record.values(), vals))  # not ==: 1 == True, which Lightning's write refuses
+        ):
+            restore = self._plan.restore
+            _assign(restore(managed), restore(vals))
+        else:
+            _lightning_untoggle(module, opts, optimizer, inner)
+        # Lightning assigns through nn.Module.__setattr__, which stores a dict in __dict__ (10x slower).
+        module.__dict__[_RECORD] = {}
+
+    def _untoggle_nested(self) -> None:
         assert self._managed is not None and self._entry is not None
         _assign(self._managed, self._entry)
         _put_record(self._module, self._prev_record)
