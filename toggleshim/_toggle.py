@@ -368,7 +368,7 @@ class Toggle(Generic[_OptT]):
     _step: bool
     _sync: Any  # sync_grad=False: the strategy's block_backward_sync, then the context it made
     _sync_entered: bool
-    _toggled: tuple[int, ...]  # the toggled optimizer's positions in trainer.optimizers
+    _toggled: tuple[int, ...] | None  # the toggled optimizer's positions in trainer.optimizers
     _vals: tuple[bool, ...] | None  # the user's view of every managed parameter (flat: the record's values)
     _zero_grad: bool
 
@@ -543,7 +543,7 @@ class Toggle(Generic[_OptT]):
     def _let_go(self) -> None:
         """Closed: everything but the optimizer (its step may still come) and the state (_close) goes."""
         self._phase = _CLOSED
-        self._module = self._inner = self._plan = self._layout = self._managed = None
+        self._module = self._inner = self._plan = self._layout = self._managed = self._toggled = None
         self._vals = self._entry = self._record = self._prev_record = None
 
     def _untoggle_statement(self) -> None:
