@@ -51,20 +51,19 @@ _MADE, _OPEN, _CLOSED = 0, 1, 2  # a Toggle's phase: toggled (statement, or not 
 _END: Any = object()  # ends an optimizer's parameters in a layout (see _layout)
 
 
-def _layout(opts: Sequence[Any]) -> list[Any]:
-    """All that Lightning's toggle and untoggle read of ``trainer.optimizers``: every optimizer's
-    parameters in Lightning's order, each optimizer's ended by ``_END``."""
-    seq: list[Any] = []
-    for opt in opts:
+def _read(opts: Sequence[Any], optimizer: Any, inner: Any) -> tuple[list[Any], tuple[int, ...]]:
+    """All that Lightning's toggle and untoggle read of ``trainer.optimizers``: the layout (every
+    optimizer's parameters in Lightning's order, each optimizer's ended by ``_END``) and the toggled
+    optimizer's positions (Lightning's test: ``is optimizer or is inner``)."""
+    layout: list[Any] = []
+    toggled: tuple[int, ...] = ()
+    for k, opt in enumerate(opts):
+        if opt is optimizer or opt is inner:
+            toggled += (k,)
         for group in opt.param_groups:
-            seq += group["params"]
-        seq.append(_END)
-    return seq
-
-
-def _toggled(opts: Sequence[Any], optimizer: Any, inner: Any) -> tuple[int, ...]:
-    """The positions of the toggled optimizer in ``opts`` (Lightning's test: ``is optimizer or is inner``)."""
-    return tuple([k for k, opt in enumerate(opts) if opt is optimizer or opt is inner])
+            layout += group["params"]
+        layout.append(_END)
+    return layout, toggled
 
 
 def _picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
@@ -185,6 +184,8 @@ def _unwrap(optimizer: Any) -> Any:
     The classes are looked up where Lightning defines them, at each call: no registry to keep in step
     (or to lose on a reload), and no cache of the class Lightning makes for every wrapper.
     """
+    if "_optimizer" not in getattr(optimizer, "__dict__", ()):  # a cheap first test: a wrapper has one
+        return optimizer
     for name in _WRAPPER_MODULES:
         cls = getattr(sys.modules.get(name), "LightningOptimizer", None)
         if cls is not None and isinstance(optimizer, cls):
@@ -312,36 +313,6 @@ def _lightning_untoggle(module: Any, opts: Sequence[Any], optimizer: Any, inner:
     _assign(params, values)
 
 
-def _untoggle_flat(module: Any, t: Toggle[Any]) -> None:
-    """Lightning's ``untoggle_optimizer`` after the flat toggle ``t``. Idempotent.
-
-    While the optimizers' lists and the record are what the toggle left (the record's keys are the
-    managed parameters in order, its values the very bools recorded), the plan says what to restore,
-    without Lightning's tensor-keyed lookups. Otherwise (the user edited either), Lightning's own
-    untoggle, over the current lists and record.
-    """
-    opts = module.trainer.optimizers
-    optimizer, inner, layout, managed, vals = t._optimizer, t._inner, t._layout, t._managed, t._vals
-    assert t._plan is not None and layout is not None and managed is not None and vals is not None
-    record = module.__dict__.get(_RECORD)
-    now = _layout(opts)
-    if (
-        len(now) == len(layout)
-        and all(map(is_, now, layout))
-        and _toggled(opts, optimizer, inner) == t._toggled
-        and type(record) is dict  # not .__class__, which a subclass can fake
-        and len(record) == len(managed)
-        and all(map(is_, record, managed))
-        and all(map(is_, record.values(), vals))  # not ==: 1 == True, which Lightning's write refuses
-    ):
-        restore = t._plan.restore
-        _assign(restore(managed), restore(vals))
-    else:
-        _lightning_untoggle(module, opts, optimizer, inner)
-    # Lightning assigns through nn.Module.__setattr__, which stores a dict in __dict__ (10x slower).
-    module.__dict__[_RECORD] = {}
-
-
 # -- the toggle object ----------------------------------------------------------------------------
 
 
@@ -361,7 +332,6 @@ class Toggle(Generic[_OptT]):
 
     __slots__ = (
         "_entry",
-        "_exit_fn",
         "_guard",
         "_inner",
         "_layout",
@@ -383,8 +353,7 @@ class Toggle(Generic[_OptT]):
     )
 
     _entry: tuple[bool, ...] | None  # nested: every managed requires_grad found at the toggle
-    _exit_fn: weakref.ref[Any] | None  # the last __exit__ handed out (see _ExitGuard)
-    _guard: weakref.ref[Any] | None  # the __exit__ the with statement holds, watched while open
+    _guard: weakref.ref[Any] | None  # the __exit__ the with statement holds, watched (see _ExitGuard)
     _inner: Any  # the torch optimizer in _optimizer
     _layout: list[Any] | None  # the layout at the toggle
     _managed: tuple[Any, ...] | None  # the managed parameters at the toggle
@@ -399,7 +368,7 @@ class Toggle(Generic[_OptT]):
     _step: bool
     _sync: Any  # sync_grad=False: the strategy's block_backward_sync, then the context it made
     _sync_entered: bool
-    _toggled: tuple[int, ...]  # the toggled optimizer's positions in trainer.optimizers
+    _toggled: tuple[int, ...] | None  # the toggled optimizer's positions in trainer.optimizers
     _vals: tuple[bool, ...] | None  # the user's view of every managed parameter (flat: the record's values)
     _zero_grad: bool
 
@@ -438,10 +407,6 @@ class Toggle(Generic[_OptT]):
             self._phase = _OPEN
             if not self._nested:
                 state.stack.append(self)
-            exit_fn = self._exit_fn() if self._exit_fn is not None else None
-            if exit_fn is not None:  # see _ExitGuard
-                self._guard = weakref.ref(exit_fn, self._exit_dropped)
-                del exit_fn  # a traceback through this frame must not keep it alive
             if self._sync is not None:
                 # Without gradient sync (DDP micro-batches) the block runs inside the strategy's
                 # no_sync, entered here and left on every exit.
@@ -480,7 +445,9 @@ class Toggle(Generic[_OptT]):
         return False  # never swallow
 
     def _exit_dropped(self, ref: weakref.ref[Any]) -> None:
-        if self._guard is ref:  # the with statement let go of its __exit__ before the block was closed
+        # The with statement let go of its __exit__ while the block was entered and not yet closed
+        # (_close clears _state last).
+        if self._guard is ref and self._phase != _MADE and self._state is not None:
             self._close()
 
     # -- leaving -----------------------------------------------------------------------------
@@ -492,12 +459,17 @@ class Toggle(Generic[_OptT]):
     def _close(self) -> None:
         """Untoggle, unwinding first the toggles left open above this one; gradient sync resumes."""
         try:
-            _surely(self._unwind)
+            try:
+                self._unwind()
+            except BaseException:
+                with contextlib.suppress(BaseException):
+                    self._unwind()  # interrupted or failed partway: once more, to completion
+                raise
         finally:
             if self._sync_entered:
                 # One line, so that no interrupt falls between resuming sync and recording it.
                 self._sync_entered = bool(self._sync.__exit__(None, None, None)) and False
-        self._state = self._guard = self._exit_fn = self._sync = None
+        self._state = self._guard = self._sync = None
 
     def _unwind(self) -> None:
         """Undo this toggle and every toggle still open above it, innermost first; one that fails does
@@ -520,32 +492,59 @@ class Toggle(Generic[_OptT]):
             raise error
 
     def _undo(self) -> None:
-        """Untoggle this toggle alone, then let go of what it holds."""
+        """Untoggle this toggle alone (once more if interrupted or failed partway), then let go."""
         if self._phase == _CLOSED:
             return
+        untoggle = self._untoggle_nested if self._nested else self._untoggle_flat
         try:
-            self._untoggle()
+            untoggle()
         except BaseException:
             with contextlib.suppress(BaseException):
-                self._untoggle()  # interrupted or failed partway: once more, to completion
+                untoggle()
             self._let_go()
             raise
         self._let_go()
 
+    def _untoggle_flat(self) -> None:
+        """Lightning's ``untoggle_optimizer`` after this flat toggle. Idempotent.
+
+        While the optimizers' lists and the record are what the toggle left (the record's keys are the
+        managed parameters in order, its values the very bools recorded), the plan says what to restore,
+        without Lightning's tensor-keyed lookups. Otherwise (the user edited either), Lightning's own
+        untoggle, over the current lists and record.
+        """
+        module = self._module
+        opts = module.trainer.optimizers
+        optimizer, inner, layout, managed, vals = self._optimizer, self._inner, self._layout, self._managed, self._vals
+        assert self._plan is not None and layout is not None and managed is not None and vals is not None
+        record = module.__dict__.get(_RECORD)
+        now, toggled = _read(opts, optimizer, inner)
+        if (
+            len(now) == len(layout)
+            and all(map(is_, now, layout))
+            and toggled == self._toggled
+            and type(record) is dict  # not .__class__, which a subclass can fake
+            and len(record) == len(managed)
+            and all(map(is_, record, managed))
+            and all(map(is_, record.values(), vals))  # not ==: 1 == True, which Lightning's write refuses
+        ):
+            restore = self._plan.restore
+            _assign(restore(managed), restore(vals))
+        else:
+            _lightning_untoggle(module, opts, optimizer, inner)
+        # Lightning assigns through nn.Module.__setattr__, which stores a dict in __dict__ (10x slower).
+        module.__dict__[_RECORD] = {}
+
+    def _untoggle_nested(self) -> None:
+        assert self._managed is not None and self._entry is not None
+        _assign(self._managed, self._entry)
+        _put_record(self._module, self._prev_record)
+
     def _let_go(self) -> None:
         """Closed: everything but the optimizer (its step may still come) and the state (_close) goes."""
         self._phase = _CLOSED
-        self._module = self._inner = self._plan = self._layout = self._managed = None
+        self._module = self._inner = self._plan = self._layout = self._managed = self._toggled = None
         self._vals = self._entry = self._record = self._prev_record = None
-
-    def _untoggle(self) -> None:
-        module = self._module
-        if self._nested:
-            assert self._managed is not None and self._entry is not None
-            _assign(self._managed, self._entry)
-            _put_record(module, self._prev_record)
-        else:
-            _untoggle_flat(module, self)
 
     def _untoggle_statement(self) -> None:
         """``untoggle_optimizer`` called on a nested statement toggle: close it as a nested block."""
@@ -562,16 +561,18 @@ class _ExitGuard:
 
     A Ctrl-C can land before the first line of any Python ``__exit__`` runs, where no ``try`` of its
     own can catch it: the block would stay open for good. So the ``__exit__`` handed to a ``with``
-    statement is a fresh bound method that the block, once entered, watches through a weak reference:
-    the ``with`` statement lets go of it when the block ends, by any path, and if that happens before
-    ``_exit`` closed the block, the block is closed then (``Toggle._exit_dropped``).
+    statement is a fresh bound method, watched through a weak reference: the ``with`` statement lets
+    go of it when the block ends, by any path, and if the block is still open then, it is closed
+    (``Toggle._exit_dropped``). Looking ``__exit__`` up otherwise (``getattr``, a debugger) is harmless:
+    only the last lookup before the block opens is watched, and only while the block is open.
     """
 
     def __get__(self, toggle: Toggle[Any] | None, cls: Any = None) -> Any:
         if toggle is None:
             return Toggle._exit  # Toggle.__exit__(t, ...), contextlib.ExitStack
         exit_fn = MethodType(Toggle._exit, toggle)
-        toggle._exit_fn = weakref.ref(exit_fn)  # __enter__, right after, watches it
+        if toggle._phase == _MADE:  # the with statement about to enter; once open, no other getattr counts
+            toggle._guard = weakref.ref(exit_fn, toggle._exit_dropped)
         return exit_fn
 
 
@@ -592,11 +593,10 @@ def _toggle_optimizer(
     inner = _unwrap(optimizer)
     sync = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)
     try:
-        layout = _layout(opts)
+        layout, toggled = _read(opts, optimizer, inner)
     except Exception:
         _check_optimizer(optimizer)  # a clear TypeError for a non-optimizer, else the original error
         raise
-    toggled = _toggled(opts, optimizer, inner)
     state = _STATES.get(id(module))
     if state is None or state.module() is not module:
         state = _state(module)
@@ -615,7 +615,7 @@ def _toggle_optimizer(
     t._module, t._state, t._optimizer, t._inner = module, state, optimizer, inner
     t._zero_grad, t._step, t._sync, t._sync_entered = zero_grad, step, sync, False
     t._plan, t._layout, t._toggled, t._managed, t._phase = plan, layout, toggled, managed, _MADE
-    t._exit_fn = t._guard = None
+    t._guard = None
     namespace = module.__dict__
     stack = state.stack
     t._nested = nested = bool(stack)
