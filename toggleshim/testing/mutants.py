@@ -104,10 +104,10 @@ _ZERO_GRAD = (
     "                self._optimizer.zero_grad()  # type: ignore[union-attr]\n"
 )
 _FLAT_CHECK = (
-    "        and type(record) is dict  # not .__class__, which a subclass can fake\n"
-    "        and len(record) == len(managed)\n"
-    "        and all(map(is_, record, managed))\n"
-    "        and all(map(is_, record.values(), vals))  # not ==: 1 == True, which Lightning's write refuses\n"
+    "            and type(record) is dict  # not .__class__, which a subclass can fake\n"
+    "            and len(record) == len(managed)\n"
+    "            and all(map(is_, record, managed))\n"
+    "            and all(map(is_, record.values(), vals))  # not ==: 1 == True, which Lightning's write refuses\n"
 )
 
 SHIM: dict[str, tuple[str, str]] = {
@@ -159,8 +159,8 @@ SHIM: dict[str, tuple[str, str]] = {
         "    t._vals = user = vals\n",
     ),
     "nested exit restores nothing": (
-        "            _assign(self._managed, self._entry)\n",
-        "            pass\n",
+        "        _assign(self._managed, self._entry)\n",
+        "        pass\n",
     ),
     "toggle freezes nothing (statement form does nothing)": (
         "            _assign(free, repeat(False))\n",
@@ -183,20 +183,20 @@ SHIM: dict[str, tuple[str, str]] = {
         "    if cached is None or len(layout) != len(cached):\n",
     ),
     "flat exit ignores edits made inside the block": (
-        "    now = _layout(opts)\n    if (\n",
-        "    now = layout\n    if (\n",
+        "        now, toggled = _read(opts, optimizer, inner)\n",
+        "        now, toggled = layout, self._toggled\n",
     ),
     "flat exit restores the values found at the toggle": (
         _FLAT_CHECK,
-        _FLAT_CHECK.replace("        and all(map(is_, record.values(), vals))", "        and True  #"),
+        _FLAT_CHECK.replace("            and all(map(is_, record.values(), vals))", "            and True  #"),
     ),
     "flat exit ignores edits of the record's keys": (
         _FLAT_CHECK,
-        _FLAT_CHECK.replace("        and all(map(is_, record, managed))\n", ""),
+        _FLAT_CHECK.replace("            and all(map(is_, record, managed))\n", ""),
     ),
     "flat exit trusts a dict subclass": (
         _FLAT_CHECK,
-        _FLAT_CHECK.replace("        and type(record) is dict", "        and isinstance(record, dict)"),
+        _FLAT_CHECK.replace("            and type(record) is dict", "            and isinstance(record, dict)"),
     ),
     "statement untoggle inside a block ignored": (
         "    if top._optimizer is optimizer or _unwrap(top._optimizer) is _unwrap(optimizer):\n        return top\n",
