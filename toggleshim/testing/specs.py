@@ -280,6 +280,7 @@ def optimizer_partitions(draw: st.DrawFn, n_params: int, max_optimizers: int = 4
 _MAX_OPTIMIZERS, _MAX_PARAMS, _MAX_TERMS = 4, 12, 7
 
 
+@functools.lru_cache(maxsize=1024)  # a mapped strategy is validated on its first draw: once per sizes
 def programs(
     n_optimizers: int,
     n_params: int,
