@@ -333,9 +333,10 @@ def _programs(max_ops: int, nesting: bool, faults: bool, hostile: bool) -> st.Se
     edit_record = st.builds(EditRecord, st.integers(0, _MAX_PARAMS - 1), st.sampled_from(["flip", "delete", "replace"]))
     hostile_ops = [
         st.builds(Untoggle, k),
-        # a value of another type for a flag: the bound is the kinds users pass by mistake
+        # a value of another type for a flag: the kinds users pass by mistake, and one whose repr is
+        # longer than an error message shows
         st.builds(BadFlag, k, st.sampled_from(["zero_grad", "step", "sync_grad"]),
-                  st.sampled_from([1, 0, None, "yes", 1.0])),
+                  st.sampled_from([1, 0, None, "yes", 1.0, "y" * 100])),
         st.builds(ReplaceRecord, st.sampled_from(["dict", "subclass"])),
     ] if hostile else []
     leaf = st.one_of(backward, backward, set_rg, edit_record, *([raise_] if faults else []), *hostile_ops)
@@ -420,6 +421,9 @@ FLAT_EXAMPLES = (
     # A key replaced by a loose parameter's, the values unchanged in order ([T, T, F]): only the keys
     # tell that Lightning's untoggle no longer restores parameter 2, set trainable inside the block.
     WorldSpec(_TWO, (2,), _LOOSE, (Block(0), Block(0, (SetRequiresGrad(2, True), EditRecord(2, "replace"))))),
+    # The same optimizer toggled again after the user unfroze one of its managed parameters: the
+    # record holds the new value (a cached record reused for other values would not)
+    WorldSpec(_TWO, (2,), _SHARED, (Block(0), SetRequiresGrad(2, True), Block(0))),
     # sync_grad=False: sync blocked inside, back on at every exit (a clean one, an error, a failing
     # step); optimizer 1 passed as a LightningOptimizer (its step hooks, the global step)
     WorldSpec(_TWO, (), _SHARED, (Block(1, (Backward((1,)),), sync_grad=False), Block(0, (Raise(),), sync_grad=False),
