@@ -13,57 +13,15 @@ untoggles, bad flags) are drawn by ``worlds()`` itself, in every property.
 from __future__ import annotations
 
 import contextlib
-import sys
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-import torch
+from _fixtures import Interrupter, Refusing
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from torch import nn
 
-import toggleshim
 from toggleshim import _toggle
 from toggleshim.testing import Block, ShimDriver, Statement, WorldSpec, build_world, worlds
 from toggleshim.testing.harness import ManualDriver, _Runner
-
-PACKAGE = str(Path(toggleshim.__file__).parent)
-HARNESS = str(Path(PACKAGE) / "testing")
-# Run by the garbage collector or the import system at any time: not the toggle's lines. (The weak
-# reference callback of a module's state is a lambda in _state: a world of an earlier example dying.)
-ASYNCHRONOUS = {"_drop_caches", "_forget", "find_spec"}
-ASYNCHRONOUS_CODE = {c for c in _toggle._state.__code__.co_consts if hasattr(c, "co_code")}
-
-
-class Interrupter:
-    """Raises ``KeyboardInterrupt`` at the ``k``-th line of the package (the harness excluded), as a
-    SIGINT handler would between two lines; ``k=0`` only counts them."""
-
-    def __init__(self, k: int = 0) -> None:
-        self.k, self.lines = k, 0
-        self.raised: KeyboardInterrupt | None = None
-
-    def __enter__(self) -> Interrupter:
-        sys.settrace(self._call)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        sys.settrace(None)
-
-    def _call(self, frame: Any, event: str, arg: Any) -> Any:
-        name = frame.f_code.co_filename
-        if (frame.f_code.co_name in ASYNCHRONOUS or frame.f_code in ASYNCHRONOUS_CODE
-                or not name.startswith(PACKAGE) or name.startswith(HARNESS)):
-            return None
-        return self._line
-
-    def _line(self, frame: Any, event: str, arg: Any) -> Any:
-        if event == "line":
-            self.lines += 1
-            if self.lines == self.k:
-                self.raised = KeyboardInterrupt(f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}")
-                raise self.raised
-        return self._line
 
 
 def _plain(op: object) -> object | None:
@@ -138,25 +96,6 @@ def test_ctrl_c_at_a_drawn_line_leaves_nothing_behind(flavour: str, spec: WorldS
 
 
 # -- failing requires_grad writes ------------------------------------------------------------------
-
-
-class Refusing(nn.Parameter):
-    """A parameter whose ``requires_grad`` setter refuses one value (subclasses and hooks can); a
-    drawn parameter of a drawn world is made one (``__class__``), as in tests/test_robustness.py."""
-
-    refuse: bool | None = None
-    errors: ClassVar[list[BaseException]] = []
-
-    @property  # type: ignore[override]
-    def requires_grad(self) -> bool:
-        return torch._C.TensorBase.requires_grad.__get__(self)  # type: ignore[attr-defined,no-any-return]
-
-    @requires_grad.setter
-    def requires_grad(self, value: bool) -> None:
-        if value is self.refuse:
-            Refusing.errors.append(error := RuntimeError(f"refused requires_grad={value}"))
-            raise error
-        torch._C.TensorBase.requires_grad.__set__(self, value)  # type: ignore[attr-defined]
 
 
 @given(spec=worlds(nesting=False, faults=False, hostile=False), data=st.data())

@@ -12,19 +12,15 @@ import sys
 import textwrap
 import weakref
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import torch
-from _fixtures import pl, state, three_heads
+from _fixtures import Interrupter, Refusing, pl, state, three_heads
 from torch import nn
 
-import toggleshim
 from toggleshim import _toggle
-
-PACKAGE = str(Path(toggleshim.__file__).parent)
 
 
 def original(flavour: str, name: str) -> Any:
@@ -38,43 +34,6 @@ def open_toggles(module: Any) -> list[Any]:
 
 
 # -- Ctrl-C at every line ----------------------------------------------------------------------
-
-
-# Not the toggle's code: run by the garbage collector, or by the import system (toggleshim's import
-# hook, on the first import of a module), at any time.
-ASYNCHRONOUS = {"_drop_caches", "_forget", "find_spec"}
-
-
-class Interrupter:
-    """Raises ``KeyboardInterrupt`` at the ``k``-th line the package executes, as a SIGINT handler
-    would between two lines (``k=0``: only counts the lines). Python unsets a trace function that
-    raises, so there is exactly one interrupt."""
-
-    def __init__(self, k: int = 0) -> None:
-        self.k, self.lines = k, 0
-        self.raised: KeyboardInterrupt | None = None
-        self.where = ""
-
-    def __enter__(self) -> Interrupter:
-        sys.settrace(self._call)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        sys.settrace(None)
-
-    def _call(self, frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code.co_name in ASYNCHRONOUS:
-            return None
-        return self._line if frame.f_code.co_filename.startswith(PACKAGE) else None
-
-    def _line(self, frame: Any, event: str, arg: Any) -> Any:
-        if event == "line":
-            self.lines += 1
-            if self.lines == self.k:
-                self.where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} ({frame.f_code.co_name})"
-                self.raised = KeyboardInterrupt(self.where)
-                raise self.raised
-        return self._line
 
 
 class SyncSpy:
@@ -221,25 +180,6 @@ def test_ctrl_c_before_exit_runs_closes_the_block(flavour: str) -> None:
 
 
 # -- failing writes: all or nothing --------------------------------------------------------------
-
-
-class Refusing(nn.Parameter):
-    """A parameter whose ``requires_grad`` setter refuses one value (subclasses and hooks can)."""
-
-    refuse: bool | None = None
-    errors: ClassVar[list[BaseException]] = []
-
-    @property  # type: ignore[override]
-    def requires_grad(self) -> bool:
-        return torch._C.TensorBase.requires_grad.__get__(self)  # type: ignore[attr-defined,no-any-return]
-
-    @requires_grad.setter
-    def requires_grad(self, value: bool) -> None:
-        if value is self.refuse:
-            error = RuntimeError(f"refused requires_grad={value}")
-            Refusing.errors.append(error)
-            raise error
-        torch._C.TensorBase.requires_grad.__set__(self, value)  # type: ignore[attr-defined]
 
 
 def six(flavour: str) -> Any:
