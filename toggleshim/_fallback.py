@@ -51,9 +51,10 @@ def _nesting_error(label: str) -> RuntimeError:
 
 
 def _check_flags(zero_grad: Any, step: Any, sync_grad: Any) -> None:
-    for name, value in (("zero_grad", zero_grad), ("step", step), ("sync_grad", sync_grad)):
-        if not isinstance(value, (bool, int)):
-            raise TypeError(f"toggle_optimizer(): {name} must be True or False, got {value!r}; nothing was changed")
+    """The shim's one rule for flags (exactly ``True`` or ``False``), on this path too."""
+    from toggleshim._toggle import _check_flags as check  # here: _toggle imports this module
+
+    check(zero_grad=zero_grad, step=step, sync_grad=sync_grad)
 
 
 class FallbackToggle(Generic[_OptT]):
