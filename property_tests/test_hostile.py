@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from _fixtures import Interrupter, Refusing
+from _hostile import Interrupter, Refusing
 from hypothesis import assume, given
 from hypothesis import strategies as st
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 import torch
-from _fixtures import Interrupter, Refusing, pl, state, three_heads
+from _fixtures import pl, state, three_heads
+from _hostile import Interrupter, Refusing
 from torch import nn
 
 from toggleshim import _toggle

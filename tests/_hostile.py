@@ -1,0 +1,79 @@
+"""Hostile parts shared by tests/test_robustness.py and property_tests/test_hostile.py: a tracer that
+raises Ctrl-C at a chosen line of the package, a parameter whose ``requires_grad`` setter refuses.
+(Apart from _fixtures.py, which must not import toggleshim: some tests import it before the patch.)"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+import toggleshim
+from toggleshim import _toggle
+
+PACKAGE = str(Path(toggleshim.__file__).parent)
+HARNESS = str(Path(PACKAGE) / "testing")
+# Not the toggle's lines: run by the garbage collector or the import system at any time (toggleshim's
+# import hook; the weak reference callback of a module's state, a lambda in _state: a module dying).
+ASYNCHRONOUS = {"_drop_caches", "_forget", "find_spec"}
+ASYNCHRONOUS_CODE = {c for c in _toggle._state.__code__.co_consts if hasattr(c, "co_code")}
+
+
+class Interrupter:
+    """Raises ``KeyboardInterrupt`` at the ``k``-th line the package executes (the harness excluded),
+    as a SIGINT handler would between two lines (``k=0``: only counts the lines). Python unsets a
+    trace function that raises, so there is exactly one interrupt."""
+
+    def __init__(self, k: int = 0) -> None:
+        self.k, self.lines = k, 0
+        self.raised: KeyboardInterrupt | None = None
+        self.where = ""
+
+    def __enter__(self) -> Interrupter:
+        sys.settrace(self._call)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.settrace(None)
+
+    def _call(self, frame: Any, event: str, arg: Any) -> Any:
+        name = frame.f_code.co_filename
+        if (
+            frame.f_code.co_name in ASYNCHRONOUS
+            or frame.f_code in ASYNCHRONOUS_CODE
+            or not name.startswith(PACKAGE)
+            or name.startswith(HARNESS)
+        ):
+            return None
+        return self._line
+
+    def _line(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            self.lines += 1
+            if self.lines == self.k:
+                self.where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} ({frame.f_code.co_name})"
+                self.raised = KeyboardInterrupt(self.where)
+                raise self.raised
+        return self._line
+
+
+class Refusing(nn.Parameter):
+    """A parameter whose ``requires_grad`` setter refuses one value (subclasses and hooks can)."""
+
+    refuse: bool | None = None
+    errors: ClassVar[list[BaseException]] = []
+
+    @property  # type: ignore[override]
+    def requires_grad(self) -> bool:
+        return torch._C.TensorBase.requires_grad.__get__(self)  # type: ignore[attr-defined,no-any-return]
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        if value is self.refuse:
+            error = RuntimeError(f"refused requires_grad={value}")
+            Refusing.errors.append(error)
+            raise error
+        torch._C.TensorBase.requires_grad.__set__(self, value)  # type: ignore[attr-defined]
