@@ -475,8 +475,8 @@ def test_no_class_is_kept_per_lightning_optimizer(flavour: str, how: str) -> Non
 
 def test_replaced_parameters_are_freed(flavour: str) -> None:
     """Model surgery: a head replaced again and again (new optimizers, or its parameters swapped inside
-    a living optimizer). The old heads die as they do without toggleshim: at once when the optimizers
-    are re-created and the next toggle runs, else at the next full collection."""
+    a living optimizer). The old heads and optimizers die as they do without toggleshim: at once when
+    the optimizers are re-created and the next toggle runs, else at the next full collection."""
     m = three_heads(flavour, n_opt=3)
     old: list[weakref.ref[Any]] = []
     for round_ in range(6):
@@ -485,6 +485,7 @@ def test_replaced_parameters_are_freed(flavour: str) -> None:
         if round_ % 2:
             m.opts[2].param_groups[0]["params"] = list(m.c.parameters())  # in place
         else:
+            old.append(weakref.ref(m.opts[2]))  # the replaced optimizer dies too
             m.opts = [*m.opts[:2], torch.optim.SGD(m.c.parameters(), lr=0.1)]
             m._trainer.optimizers = m.opts
         for k in range(3):

@@ -32,7 +32,6 @@ import gc
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from itertools import repeat
 from operator import attrgetter, is_, itemgetter
 from types import MethodType, TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
@@ -48,22 +47,23 @@ _MISSING: Any = object()
 _new = object.__new__  # a Toggle is made without calling Toggle.__new__ (which toggles)
 _MADE, _OPEN, _CLOSED = 0, 1, 2  # a Toggle's phase: toggled (statement, or not entered yet), in its block, undone
 
-_END: Any = object()  # ends an optimizer's parameters in a layout (see _layout)
 
 
-def _read(opts: Sequence[Any], optimizer: Any, inner: Any) -> tuple[list[Any], tuple[int, ...]]:
-    """All that Lightning's toggle and untoggle read of ``trainer.optimizers``: the layout (every
-    optimizer's parameters in Lightning's order, each optimizer's ended by ``_END``) and the toggled
-    optimizer's positions (Lightning's test: ``is optimizer or is inner``)."""
+def _read(opts: Sequence[Any]) -> list[Any]:
+    """All that Lightning's toggle and untoggle read of ``trainer.optimizers``, as one list, the
+    *layout*: each optimizer's parameters in Lightning's order, followed by the optimizer itself.
+
+    Two layouts holding the same objects (``is``) mean the same optimizers in the same order holding
+    the same parameters, so the same plan. Kept this lean on purpose: it runs at every toggle and
+    every exit, between ``zero_grad`` and ``step``, where each extra operation costs several times
+    its cost in isolation (benchmarks/bench_toggle.py, 10 parameters).
+    """
     layout: list[Any] = []
-    toggled: tuple[int, ...] = ()
-    for k, opt in enumerate(opts):
-        if opt is optimizer or opt is inner:
-            toggled += (k,)
+    for opt in opts:
         for group in opt.param_groups:
             layout += group["params"]
-        layout.append(_END)
-    return layout, toggled
+        layout.append(opt)
+    return layout
 
 
 def _picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
@@ -79,19 +79,21 @@ def _picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]
 class _Plan:
     """How toggling one optimizer reads a layout: which items are the managed parameters (first
     occurrences, in Lightning's order), which of them the toggle freezes, which the untoggle restores.
-    Positions only, plus the last record built (``record_for``); cached per module for its current
-    layout (``_ModuleState``)."""
+    Positions only, plus the last record built (see the flat toggle); cached per module for its
+    current layout (``_ModuleState``)."""
 
-    __slots__ = ("free", "last_record", "last_vals", "managed", "own_mask", "restore")
+    __slots__ = ("free", "inside", "last_record", "last_vals", "managed", "own_mask", "restore")
 
-    def __init__(self, layout: Sequence[Any], toggled: tuple[int, ...], outside: Sequence[Any] | None) -> None:
+    def __init__(
+        self, layout: Sequence[Any], ends: Sequence[int], toggled: Sequence[int], outside: Sequence[Any] | None
+    ) -> None:
         first: set[int] = set()
         managed_at: list[int] = []  # positions in the layout of the managed parameters
         own: set[int] = set() if outside is None else {id(p) for p in outside}  # the toggled optimizer's
         restored: set[int] = set()  # what Lightning's untoggle restores: the other optimizers' parameters
         k = 0  # the optimizer the layout is at
         for pos, item in enumerate(layout):
-            if item is _END:
+            if k < len(ends) and pos == ends[k]:  # the optimizer that ends its parameters
                 k += 1
                 continue
             key = id(item)
@@ -104,26 +106,17 @@ class _Plan:
         self.own_mask = tuple(key in own for key in order)  # which managed ones are the toggled optimizer's
         self.free = _picker([i for i, key in enumerate(order) if key not in own])  # managed -> frozen ones
         self.restore = _picker([i for i, key in enumerate(order) if key in restored])  # managed -> restored
+        self.inside = bool(toggled)  # the optimizer is one of trainer.optimizers (the plan can be cached)
         self.last_vals: tuple[bool, ...] | None = None
         self.last_record: dict[Any, bool] | None = None
-
-    def record_for(self, managed: tuple[Any, ...], vals: tuple[bool, ...]) -> dict[Any, bool]:
-        """``dict(zip(managed, vals))``, Lightning's record: a copy of the last one when the values are
-        the same. Copying reuses the stored hashes; building calls ``Tensor.__hash__`` (Python) for
-        every parameter, the largest cost of a toggle (benchmarks/bench_toggle.py)."""
-        last = self.last_record
-        if last is None or vals != self.last_vals:
-            self.last_record = last = dict(zip(managed, vals))
-            self.last_vals = vals
-        return last.copy()
 
 
 class _ModuleState:
     """Per-module bookkeeping: the stack of open blocks (and nested statement toggles), and a cache:
-    the layout last toggled over and the plans for it, by toggled positions.
+    the layout last toggled over and the plans for it, by the toggled optimizer (``_plan_key``).
 
-    The cache holds the parameters of that layout (so that an identity check proves a new layout is
-    the same). It is dropped when the layout changes (at the next toggle), at every full garbage
+    The cache holds the parameters and optimizers of that layout (so that an identity check proves a
+    new layout is the same). It is dropped when the layout changes (at the next toggle), at every full garbage
     collection (``_drop_caches``, so ``gc.collect()`` frees a replaced parameter as it would without
     toggleshim) and with the module.
     """
@@ -133,7 +126,7 @@ class _ModuleState:
     def __init__(self, module: weakref.ref[Any]) -> None:
         self.module = module  # weak: a module's state never keeps it alive
         self.layout: list[Any] | None = None
-        self.plans: dict[tuple[int, ...], _Plan] = {}
+        self.plans: dict[Any, _Plan] = {}
         self.stack: list[Toggle[Any]] = []
 
 
@@ -243,20 +236,32 @@ def _param_name(module: Any, param: Any) -> str:
     return f"an unnamed parameter {what} (not a parameter of {type(module).__name__})"
 
 
-def _new_plan(module: Any, optimizer: Any, layout: list[Any], toggled: tuple[int, ...]) -> _Plan:
-    """The plan for toggling ``optimizer`` (at ``toggled`` in the trainer's optimizers) over ``layout``;
-    raises, having changed nothing, if it cannot be toggled."""
+def _new_plan(module: Any, optimizer: Any, inner: Any, opts: Sequence[Any], layout: list[Any]) -> _Plan:
+    """The plan for toggling ``optimizer`` over ``layout`` (read from ``opts``); raises, having changed
+    nothing, if it cannot be toggled."""
     import torch
 
     _check_optimizer(optimizer)
-    outside = None if toggled else [p for group in optimizer.param_groups for p in group["params"]]
-    for item in layout if outside is None else [*layout, *outside]:
-        if item is not _END and not isinstance(item, torch.Tensor):
+    ends: list[int] = []  # the position in the layout of each optimizer (after its parameters)
+    for pos, item in enumerate(layout):
+        if isinstance(item, torch.Tensor):
+            continue
+        if len(ends) < len(opts) and item is opts[len(ends)]:
+            ends.append(pos)
+        else:
             raise TypeError(
                 f"toggle_optimizer(): an optimizer holds {_describe(item)} where a parameter (a tensor) "
                 "belongs; nothing was changed"
             )
+    toggled = [k for k, opt in enumerate(opts) if opt is optimizer or opt is inner]  # Lightning's test
+    outside = None if toggled else [p for group in optimizer.param_groups for p in group["params"]]
     if outside is not None:
+        for item in outside:
+            if not isinstance(item, torch.Tensor):
+                raise TypeError(
+                    f"toggle_optimizer(): an optimizer holds {_describe(item)} where a parameter (a tensor) "
+                    "belongs; nothing was changed"
+                )
         managed = {id(p) for p in layout}
         strangers = [p for p in outside if id(p) not in managed]
         if strangers:
@@ -266,7 +271,15 @@ def _new_plan(module: Any, optimizer: Any, layout: list[Any], toggled: tuple[int
                 f"of trainer.optimizers holds ({len(strangers)} such parameter(s)); pass an optimizer "
                 "returned by configure_optimizers (self.optimizers()); nothing was changed"
             )
-    return _Plan(layout, toggled, outside)
+    return _Plan(layout, ends, toggled, outside)
+
+
+def _plan_key(optimizer: Any, inner: Any) -> Any:
+    """The cache key of ``optimizer``'s plan over an unchanged layout: what decides the plan is which
+    of the layout's optimizers are ``optimizer`` or ``inner``. By ``id``: a cached plan's ``inner`` is
+    one of the layout's optimizers, alive while the layout is cached; an ``optimizer`` wrapping it that
+    is not among them toggles the same positions as any other wrapper at its address would."""
+    return id(optimizer) if optimizer is inner else (id(optimizer), id(inner))
 
 
 # -- writing requires_grad -----------------------------------------------------------------------
@@ -347,7 +360,6 @@ class Toggle(Generic[_OptT]):
         "_step",
         "_sync",
         "_sync_entered",
-        "_toggled",
         "_vals",
         "_zero_grad",
     )
@@ -368,7 +380,6 @@ class Toggle(Generic[_OptT]):
     _step: bool
     _sync: Any  # sync_grad=False: the strategy's block_backward_sync, then the context it made
     _sync_entered: bool
-    _toggled: tuple[int, ...] | None  # the toggled optimizer's positions in trainer.optimizers
     _vals: tuple[bool, ...] | None  # the user's view of every managed parameter (flat: the record's values)
     _zero_grad: bool
 
@@ -497,13 +508,16 @@ class Toggle(Generic[_OptT]):
             return
         untoggle = self._untoggle_nested if self._nested else self._untoggle_flat
         try:
-            untoggle()
-        except BaseException:
-            with contextlib.suppress(BaseException):
+            try:
                 untoggle()
-            self._let_go()
-            raise
-        self._let_go()
+            except BaseException:
+                with contextlib.suppress(BaseException):
+                    untoggle()
+                raise
+        finally:  # closed: everything but the optimizer (its step may still come) and the state goes
+            self._phase = _CLOSED
+            self._module = self._inner = self._plan = self._layout = self._managed = None
+            self._vals = self._entry = self._record = self._prev_record = None
 
     def _untoggle_flat(self) -> None:
         """Lightning's ``untoggle_optimizer`` after this flat toggle. Idempotent.
@@ -515,14 +529,13 @@ class Toggle(Generic[_OptT]):
         """
         module = self._module
         opts = module.trainer.optimizers
-        optimizer, inner, layout, managed, vals = self._optimizer, self._inner, self._layout, self._managed, self._vals
+        layout, managed, vals = self._layout, self._managed, self._vals
         assert self._plan is not None and layout is not None and managed is not None and vals is not None
         record = module.__dict__.get(_RECORD)
-        now, toggled = _read(opts, optimizer, inner)
+        now = _read(opts)
         if (
             len(now) == len(layout)
-            and all(map(is_, now, layout))
-            and toggled == self._toggled
+            and all(map(is_, now, layout))  # the same optimizers, so the toggled one at the same places
             and type(record) is dict  # not .__class__, which a subclass can fake
             and len(record) == len(managed)
             and all(map(is_, record, managed))
@@ -531,7 +544,7 @@ class Toggle(Generic[_OptT]):
             restore = self._plan.restore
             _assign(restore(managed), restore(vals))
         else:
-            _lightning_untoggle(module, opts, optimizer, inner)
+            _lightning_untoggle(module, opts, self._optimizer, self._inner)
         # Lightning assigns through nn.Module.__setattr__, which stores a dict in __dict__ (10x slower).
         module.__dict__[_RECORD] = {}
 
@@ -539,12 +552,6 @@ class Toggle(Generic[_OptT]):
         assert self._managed is not None and self._entry is not None
         _assign(self._managed, self._entry)
         _put_record(self._module, self._prev_record)
-
-    def _let_go(self) -> None:
-        """Closed: everything but the optimizer (its step may still come) and the state (_close) goes."""
-        self._phase = _CLOSED
-        self._module = self._inner = self._plan = self._layout = self._managed = self._toggled = None
-        self._vals = self._entry = self._record = self._prev_record = None
 
     def _untoggle_statement(self) -> None:
         """``untoggle_optimizer`` called on a nested statement toggle: close it as a nested block."""
@@ -590,10 +597,10 @@ def _toggle_optimizer(
         _check_flags(zero_grad=zero_grad, step=step, sync_grad=sync_grad)
     trainer = module.trainer  # Lightning's own RuntimeError when not attached to a Trainer
     opts = trainer.optimizers
-    inner = _unwrap(optimizer)
+    inner = _unwrap(optimizer) if "_optimizer" in getattr(optimizer, "__dict__", ()) else optimizer
     sync = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)
     try:
-        layout, toggled = _read(opts, optimizer, inner)
+        layout = _read(opts)
     except Exception:
         _check_optimizer(optimizer)  # a clear TypeError for a non-optimizer, else the original error
         raise
@@ -603,18 +610,19 @@ def _toggle_optimizer(
     cached = state.layout
     if cached is None or len(layout) != len(cached) or not all(map(is_, layout, cached)):
         state.layout, state.plans = layout, {}  # a new layout: forget the plans of the old one
-    plan = state.plans.get(toggled) if toggled else None
+    key = _plan_key(optimizer, inner)
+    plan = state.plans.get(key)
     if plan is None:
-        plan = _new_plan(module, optimizer, layout, toggled)  # validates: raises before any change
-        if toggled:  # an optimizer outside trainer.optimizers is planned at every toggle
-            state.plans[toggled] = plan
+        plan = _new_plan(module, optimizer, inner, opts, layout)  # validates: raises before any change
+        if plan.inside:  # an optimizer outside trainer.optimizers is planned at every toggle
+            state.plans[key] = plan
     managed: tuple[Any, ...] = plan.managed(layout)
     vals: tuple[bool, ...] = tuple(map(_requires_grad, managed))
 
     t: Toggle[_OptT] = _new(Toggle)
     t._module, t._state, t._optimizer, t._inner = module, state, optimizer, inner
     t._zero_grad, t._step, t._sync, t._sync_entered = zero_grad, step, sync, False
-    t._plan, t._layout, t._toggled, t._managed, t._phase = plan, layout, toggled, managed, _MADE
+    t._plan, t._layout, t._managed, t._phase = plan, layout, managed, _MADE
     t._guard = None
     namespace = module.__dict__
     stack = state.stack
@@ -623,10 +631,16 @@ def _toggle_optimizer(
     if not nested:  # exactly Lightning's toggle: freeze all but the toggled optimizer's parameters
         t._entry = t._prev_record = None
         t._vals = vals
-        t._record = record = plan.record_for(managed, vals)
+        # The record, dict(zip(managed, vals)): a copy of the plan's last one when the values are the
+        # same (a copy reuses the stored hashes; building one calls Tensor.__hash__, in Python, for every
+        # parameter, the largest cost of a toggle at 1,000 parameters and more).
+        if vals != plan.last_vals:
+            plan.last_record, plan.last_vals = dict(zip(managed, vals)), vals
+        t._record = record = plan.last_record.copy()  # type: ignore[union-attr]
         free = plan.free(managed)
         try:
-            _assign(free, repeat(False))
+            for param in free:  # stops at a failing write: the rollback below puts every one back
+                param.requires_grad = False
             namespace[_RECORD] = record  # as Lightning's assignment through nn.Module.__setattr__
             return t
         except BaseException:  # all or nothing: put back what was written

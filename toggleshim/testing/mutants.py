@@ -163,12 +163,12 @@ SHIM: dict[str, tuple[str, str]] = {
         "        pass\n",
     ),
     "toggle freezes nothing (statement form does nothing)": (
-        "            _assign(free, repeat(False))\n",
-        "            pass\n",
+        "                param.requires_grad = False\n",
+        "                pass\n",
     ),
     "toggle reuses a stale record": (
-        "        if last is None or vals != self.last_vals:\n",
-        "        if last is None:\n",
+        "        if vals != plan.last_vals:\n",
+        "        if plan.last_record is None:\n",
     ),
     "toggle freezes the toggled optimizer too": (
         "        self.free = _picker([i for i, key in enumerate(order) if key not in own])",
@@ -178,13 +178,17 @@ SHIM: dict[str, tuple[str, str]] = {
         "        self.restore = _picker([i for i, key in enumerate(order) if key in restored])",
         "        self.restore = _picker([i for i, key in enumerate(order) if key in restored and key not in own])",
     ),
+    "cached plan ignores which optimizer is toggled": (
+        "    key = _plan_key(optimizer, inner)\n",
+        "    key = 0\n",
+    ),
     "cached plan ignores in-place layout edits": (
         "    if cached is None or len(layout) != len(cached) or not all(map(is_, layout, cached)):\n",
         "    if cached is None or len(layout) != len(cached):\n",
     ),
     "flat exit ignores edits made inside the block": (
-        "        now, toggled = _read(opts, optimizer, inner)\n",
-        "        now, toggled = layout, self._toggled\n",
+        "        now = _read(opts)\n",
+        "        now = layout\n",
     ),
     "flat exit restores the values found at the toggle": (
         _FLAT_CHECK,
