@@ -106,6 +106,7 @@ def test_a_refused_write_is_all_or_nothing(flavour: str, spec: WorldSpec, data: 
     i = data.draw(st.integers(0, len(world.params) - 1), label="refusing parameter")
     refuse = data.draw(st.booleans(), label="refused value")
     k = data.draw(st.integers(0, len(world.opts) - 1), label="optimizer")
+    body_error = data.draw(st.sampled_from([None, ValueError("the body's own")]), label="the body raises")
     before = _rg(world)
     expected = build_world(WorldSpec(spec.graph, spec.frozen, spec.optimizers, (), spec.wrapped), flavour)
     ManualDriver.for_flavour(flavour).toggle(expected, k)
@@ -126,10 +127,18 @@ def test_a_refused_write_is_all_or_nothing(flavour: str, spec: WorldSpec, data: 
         with world.module.toggle_optimizer(world.opts[k], zero_grad=False, step=False):
             assert not toggle_fails, "a refused freeze did not fail the toggle"
             assert _rg(world) == toggled
+            if body_error is not None:
+                raise body_error
+    except ValueError as caught:
+        # The body's exception, unchanged, even when the exit's untoggle fails too
+        assert caught is body_error and not toggle_fails
+        expected_after = [toggled[j] if j == i and exit_fails else v for j, v in enumerate(before)]
+        assert _rg(world) == expected_after, "others not restored under the body's exception"
     except RuntimeError as caught:
-        # The very object of a refusal (not always the first: the exit retries its writes, see
-        # docs/harness.md, "Left")
-        assert any(caught is e for e in Refusing.errors), "not a refusal came out"
+        # The first refusal (the toggle's rollback and the exit's retry refuse again; they never
+        # replace it)
+        assert body_error is None or toggle_fails, "a refusal replaced the body's exception"
+        assert caught is Refusing.errors[0], f"not the first refusal came out: {caught} of {Refusing.errors}"
         if toggle_fails:
             assert _rg(world) == before, "a toggle that could not freeze changed something"
         else:
@@ -137,7 +146,7 @@ def test_a_refused_write_is_all_or_nothing(flavour: str, spec: WorldSpec, data: 
             # the refusing parameter keeps its value inside the block; every other one is restored
             assert _rg(world) == [toggled[j] if j == i else v for j, v in enumerate(before)], "others not restored"
     else:
-        assert not toggle_fails and not exit_fails
+        assert not toggle_fails and not exit_fails and body_error is None
         assert _rg(world) == before
     assert not _open(world)
     p.refuse = None  # type: ignore[attr-defined]

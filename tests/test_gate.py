@@ -233,6 +233,27 @@ def test_fallback_failing_zero_grad_untoggles(flavour: str) -> None:
             pass
 
 
+def test_fallback_failing_untoggle_never_replaces_the_body_exception(flavour: str) -> None:
+    with fake_release(flavour, changed=True):
+        module = three_heads(flavour)
+        opt = module.opts[0]
+        err = ValueError("the body's own")
+
+        def failing_untoggle(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("untoggle failed")
+
+        t2 = module.toggle_optimizer(opt, zero_grad=False, step=False)
+        t2._untoggle = failing_untoggle  # Lightning's own untoggle, failing
+        with pytest.raises(ValueError) as info, t2:
+            raise err
+        assert info.value is err  # not the untoggle's RuntimeError
+        with pytest.raises(RuntimeError, match="untoggle failed"):  # on a clean exit, it propagates
+            t3 = module.toggle_optimizer(opt, zero_grad=False, step=False)
+            t3._untoggle = failing_untoggle
+            with t3:
+                pass
+
+
 def test_fallback_nesting_is_a_clear_error_that_changes_nothing(flavour: str) -> None:
     dist = "lightning" if flavour == "lightning.pytorch" else "pytorch-lightning"
     with fake_release(flavour, changed=True):

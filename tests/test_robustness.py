@@ -240,6 +240,66 @@ def test_an_exit_that_cannot_restore_one_parameter_restores_the_others(flavour: 
         assert len(open_toggles(m)) == 1 and rg(m) == [0, 0, 0, 1, 0, 0]
 
 
+def test_the_first_refusal_propagates_when_the_rollback_is_refused_too(flavour: str) -> None:
+    """The fourth parameter, frozen by the user, refuses False: the toggle's freeze is refused, then
+    the rollback's write of its value (False) is refused again; the first refusal propagates."""
+    m = six(flavour)
+    m.ps[3].requires_grad = False
+    m.ps[3].refuse = False
+    Refusing.errors.clear()
+    with pytest.raises(RuntimeError, match="refused") as caught:
+        m.toggle_optimizer(m.opts[0])
+    assert len(Refusing.errors) >= 2 and caught.value is Refusing.errors[0]
+    assert rg(m) == [1, 1, 1, 0, 1, 1] and not open_toggles(m)
+
+
+@pytest.mark.parametrize("where", ["body", "step"])
+def test_a_failing_exit_never_replaces_the_exception_in_flight(flavour: str, where: str) -> None:
+    """The body (or step) raises; then the exit cannot restore one parameter. The body's exception
+    comes out, the same object; every other parameter is restored; nothing stays open."""
+    m = six(flavour)
+    err = ValueError("the body's own")
+    if where == "step":
+
+        def failing_step(*args: Any, **kwargs: Any) -> None:
+            raise err
+
+        m.opts[0].step = failing_step
+    Refusing.errors.clear()
+    with pytest.raises(ValueError) as caught, m.toggle_optimizer(m.opts[0], zero_grad=False):
+        m.ps[2].refuse = True  # the first parameter the exit restores refuses
+        if where == "body":
+            raise err
+    assert caught.value is err and Refusing.errors  # the exit's refusal happened, and was dropped
+    assert rg(m) == [1, 1, 0, 1, 1, 1] and not open_toggles(m)
+
+
+def test_an_interrupt_during_the_exit_propagates_ahead_of_the_body_error(flavour: str) -> None:
+    """Ctrl-C while the exit restores parameters (after the body raised): never dropped; the exit
+    still makes every other write."""
+    m = six(flavour)
+
+    class Interrupting(Refusing):
+        @property  # type: ignore[override]
+        def requires_grad(self) -> bool:
+            return torch._C.TensorBase.requires_grad.__get__(self)  # type: ignore[attr-defined,no-any-return]
+
+        @requires_grad.setter
+        def requires_grad(self, value: bool) -> None:
+            if value is self.refuse:
+                self.refuse = None  # one Ctrl-C
+                raise KeyboardInterrupt
+            torch._C.TensorBase.requires_grad.__set__(self, value)  # type: ignore[attr-defined]
+
+    err = ValueError("the body's own")
+    with pytest.raises(KeyboardInterrupt), m.toggle_optimizer(m.opts[0], zero_grad=False, step=False):
+        m.ps[2].__class__ = Interrupting
+        m.ps[2].refuse = True
+        m.ps[4].refuse = True  # and a refusal after it: the interrupt still wins
+        raise err
+    assert rg(m) == [1, 1, 1, 1, 0, 1] and not open_toggles(m)  # p2 restored by the retry
+
+
 def test_a_nested_toggle_that_cannot_freeze_leaves_the_outer_block_intact(flavour: str) -> None:
     """Nested over A inside C, C's second parameter refusing to be frozen: the nested toggle changes
     nothing; after the outermost block the user's state is back."""

@@ -22,6 +22,7 @@ while a fallback block of the same module is open raises a clear error before an
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar
@@ -104,7 +105,7 @@ class FallbackToggle(Generic[_OptT]):
             if self._zero_grad:
                 self._optimizer.zero_grad()
         except BaseException:
-            self._close()  # no __exit__ will come: untoggle now
+            self._close_quietly()  # no __exit__ will come: untoggle now
             raise
         return self._optimizer  # type: ignore[no-any-return]
 
@@ -116,9 +117,20 @@ class FallbackToggle(Generic[_OptT]):
         try:
             if exc_type is None and self._step:
                 self._optimizer.step()
-        finally:
+        except BaseException:
+            self._close_quietly()
+            raise
+        if exc_type is None:
             self._close()
+        else:
+            self._close_quietly()  # the body's exception propagates unchanged
         return False  # never swallow
+
+    def _close_quietly(self) -> None:
+        """``_close`` while an error is in flight: that error propagates, not one of the untoggle's (an
+        interrupt during the untoggle still does)."""
+        with contextlib.suppress(Exception):
+            self._close()
 
     def _close(self) -> None:
         """Lightning's own untoggle, then gradient sync resumed; lets go of everything."""

@@ -282,19 +282,29 @@ def _plan_key(optimizer: Any, inner: Any) -> Any:
     return id(optimizer) if optimizer is inner else (id(optimizer), id(inner))
 
 
-# -- writing requires_grad -----------------------------------------------------------------------
+# -- writing requires_grad, and which error propagates ----------------------------------------------
+#
+# One rule: when several things go wrong, the first *error* (an Exception: a refused write, a failing
+# step) propagates unchanged and later errors are dropped; an *interrupt* (KeyboardInterrupt,
+# SystemExit: any other BaseException) is never dropped, it propagates ahead of errors.
+
+
+def _first(error: BaseException | None, new: BaseException) -> BaseException:
+    """Which of two exceptions propagates (the rule above): the first, unless only ``new`` interrupts."""
+    if error is None or (isinstance(error, Exception) and not isinstance(new, Exception)):
+        return new
+    return error
 
 
 def _assign(params: Iterable[Any], values: Iterable[bool]) -> None:
-    """``p.requires_grad = v`` for every pair; a write that fails does not stop the others. The first
-    error propagates after the last write."""
+    """``p.requires_grad = v`` for every pair; a write that fails does not stop the others. After the
+    last write, the first error (or interrupt) propagates."""
     error: BaseException | None = None
     for p, v in zip(params, values):
         try:
             p.requires_grad = v
         except BaseException as e:  # re-raised below, after the other writes
-            if error is None:
-                error = e
+            error = _first(error, e)
     if error is not None:
         raise error
 
@@ -302,13 +312,21 @@ def _assign(params: Iterable[Any], values: Iterable[bool]) -> None:
 def _surely(fn: Callable[..., None], *args: Any) -> None:
     """``fn(*args)``, and once more if anything interrupts it (Ctrl-C between two lines, a failing
     write), so that it completes before the error propagates: ``fn`` must be idempotent. The first
-    error propagates unchanged; an error of the second run is dropped (the first already says it)."""
+    error propagates unchanged; an error of the second run is dropped (an interrupt is not)."""
     try:
         fn(*args)
     except BaseException:
-        with contextlib.suppress(BaseException):
+        with contextlib.suppress(Exception):
             fn(*args)
         raise
+
+
+def _quietly(fn: Callable[..., None], *args: Any) -> None:
+    """``_surely(fn, *args)`` while an error is already in flight (an ``except`` clause, an exit with
+    the body's exception): the cleanup completes and its own errors are dropped, so that the error in
+    flight propagates unchanged; an interrupt during the cleanup still propagates."""
+    with contextlib.suppress(Exception):
+        _surely(fn, *args)
 
 
 def _lightning_untoggle(module: Any, opts: Sequence[Any], optimizer: Any, inner: Any) -> None:
@@ -427,7 +445,7 @@ class Toggle(Generic[_OptT]):
                 self._optimizer.zero_grad()  # type: ignore[union-attr]
             return self._optimizer  # type: ignore[return-value]
         except BaseException:
-            _surely(self._close)
+            _quietly(self._close)
             raise
 
     if TYPE_CHECKING:
@@ -448,10 +466,15 @@ class Toggle(Generic[_OptT]):
         try:
             if exc_type is None and self._step:
                 optimizer.step()  # type: ignore[attr-defined]
-        finally:
-            # Already closed when an enclosing block that ended first unwound it (a generator holding
-            # a block): its untoggle is done, _close does nothing more.
+        except BaseException:
+            _quietly(self._close)  # step's error propagates, not one of the untoggle's
+            raise
+        # Already closed when an enclosing block that ended first unwound it (a generator holding a
+        # block): its untoggle is done, _close does nothing more.
+        if exc_type is None:
             self._close()
+        else:
+            _quietly(self._close)  # the body's exception propagates unchanged, not one of the untoggle's
         self._optimizer = None
         return False  # never swallow
 
@@ -473,7 +496,7 @@ class Toggle(Generic[_OptT]):
             try:
                 self._unwind()
             except BaseException:
-                with contextlib.suppress(BaseException):
+                with contextlib.suppress(Exception):
                     self._unwind()  # interrupted or failed partway: once more, to completion
                 raise
         finally:
@@ -496,8 +519,7 @@ class Toggle(Generic[_OptT]):
             try:
                 t._undo()
             except BaseException as e:  # re-raised below, after the others
-                if error is None:
-                    error = e
+                error = _first(error, e)
         del stack[at:]
         if error is not None:
             raise error
@@ -511,7 +533,7 @@ class Toggle(Generic[_OptT]):
             try:
                 untoggle()
             except BaseException:
-                with contextlib.suppress(BaseException):
+                with contextlib.suppress(Exception):
                     untoggle()
                 raise
         finally:  # closed: everything but the optimizer (its step may still come) and the state goes
@@ -644,7 +666,7 @@ def _toggle_optimizer(
             namespace[_RECORD] = record  # as Lightning's assignment through nn.Module.__setattr__
             return t
         except BaseException:  # all or nothing: put back what was written
-            _surely(_rollback, module, free, plan.free(vals), previous)
+            _quietly(_rollback, module, free, plan.free(vals), previous)
             raise
     # Nested: the same toggle from the user's view (see Toggle._user_view), undone on leaving.
     t._entry = vals
@@ -660,7 +682,7 @@ def _toggle_optimizer(
     except BaseException:  # all or nothing
         if stack and stack[-1] is t:
             stack.pop()
-        _surely(_rollback, module, managed, vals, previous)
+        _quietly(_rollback, module, managed, vals, previous)
         raise
 
 

@@ -94,10 +94,15 @@ _EXIT = (
     "        try:\n"
     "            if exc_type is None and self._step:\n"
     "                optimizer.step()  # type: ignore[attr-defined]\n"
-    "        finally:\n"
-    "            # Already closed when an enclosing block that ended first unwound it (a generator holding\n"
-    "            # a block): its untoggle is done, _close does nothing more.\n"
+    "        except BaseException:\n"
+    "            _quietly(self._close)  # step's error propagates, not one of the untoggle's\n"
+    "            raise\n"
+    "        # Already closed when an enclosing block that ended first unwound it (a generator holding a\n"
+    "        # block): its untoggle is done, _close does nothing more.\n"
+    "        if exc_type is None:\n"
     "            self._close()\n"
+    "        else:\n"
+    "            _quietly(self._close)  # the body's exception propagates unchanged, not one of the untoggle's\n"
 )
 _ZERO_GRAD = (
     "            if self._zero_grad:\n"
@@ -127,20 +132,28 @@ SHIM: dict[str, tuple[str, str]] = {
     ),
     "no untoggle on exception": (
         _EXIT,
-        _EXIT.replace("            self._close()\n",
-                      "            if exc_type is None:\n                self._close()\n"
-                      "            else:\n                self._guard = None\n"),
+        _EXIT.replace("            _quietly(self._close)  # the body's exception propagates unchanged, not one of "
+                      "the untoggle's\n", "            self._guard = None\n"),
     ),
     "no untoggle when zero_grad fails": (
-        "        except BaseException:\n            _surely(self._close)\n            raise\n",
+        "        except BaseException:\n            _quietly(self._close)\n            raise\n",
         "        except BaseException:\n            self._guard = None\n            raise\n",
     ),
     "no untoggle when step fails": (
         _EXIT,
-        "        self._guard = None\n"
-        "        if exc_type is None and self._step:\n"
-        "            optimizer.step()  # type: ignore[attr-defined]\n"
-        "        self._close()\n",
+        _EXIT.replace("            _quietly(self._close)  # step's error propagates, not one of the untoggle's\n",
+                      "            self._guard = None\n"),
+    ),
+    "a failing untoggle replaces the body's exception": (
+        _EXIT,
+        _EXIT.replace("            _quietly(self._close)  # the body's exception propagates unchanged, not one of "
+                      "the untoggle's\n", "            self._close()\n"),
+    ),
+    "an interrupt during cleanup is dropped": (
+        "    flight propagates unchanged; an interrupt during the cleanup still propagates.\"\"\"\n"
+        "    with contextlib.suppress(Exception):\n",
+        "    flight propagates unchanged; an interrupt during the cleanup still propagates.\"\"\"\n"
+        "    with contextlib.suppress(BaseException):\n",
     ),
     "flat exit restores nothing": (
         "        _assign(restore(managed), restore(vals))\n",
