@@ -38,6 +38,12 @@ def _rg(world: Any) -> list[bool]:
     return [p.requires_grad for p in world.params]
 
 
+def _record(world: Any) -> list[bool | None]:
+    """Lightning's record, ``_param_requires_grad_state``, as each parameter's entry (None: none)."""
+    record = world.module.__dict__.get("_param_requires_grad_state") or {}
+    return [record.get(p) for p in world.params]
+
+
 def _open(world: Any) -> list[Any]:
     state = _toggle._state_if_any(world.module)
     return [] if state is None else list(state.stack)
@@ -67,6 +73,7 @@ def test_ctrl_c_at_a_drawn_line_leaves_nothing_behind(flavour: str, spec: WorldS
     twin = build_world(spec, flavour)
     ManualDriver.for_flavour(flavour).toggle(twin, op.k)
     toggled = _rg(twin)  # Lightning's manual sequence, interrupted right after its toggle
+    toggled_record = _record(twin)
 
     world = build_world(spec, flavour)
     before = _rg(world)
@@ -79,6 +86,9 @@ def test_ctrl_c_at_a_drawn_line_leaves_nothing_behind(flavour: str, spec: WorldS
             raise AssertionError(f"the interrupt at line {k} did not propagate")
     after = _rg(world)
     assert after in (before, toggled), (inter.raised, before, toggled, after)
+    # the record too: none (never toggled, rolled back, or untoggled) or exactly Lightning's toggle's
+    assert _record(world) in ([None] * len(world.params), toggled_record), (inter.raised, _record(world))
+    assert after == toggled or _record(world) == [None] * len(world.params), "a record left behind"
     assert not _open(world), inter.raised
     assert world.strategy is not None and world.strategy.blocked == 0, "gradient sync left blocked"
     assert world.strategy.sync_log.count("enter") == world.strategy.sync_log.count("exit")
