@@ -19,6 +19,15 @@ Variants:
                       the other optimizers' parameters, give them their values back (True: every
                       parameter of the fixture is trainable; no checks, no record, no context manager)
 * ``essential+step``  the same around ``opt.zero_grad(); body(); opt.step()``: the floor in place
+* ``minimal block``   the least any block can do on Lightning's own functions: a class whose
+                      ``__init__`` calls Lightning's toggle, ``__enter__`` zero_grad, ``__exit__`` step
+                      (clean exit) and Lightning's untoggle in a ``finally``: no checks, no nesting,
+                      no guard
+* ``block, no guard`` toggleshim's block with ``__exit__`` the plain method (no exit guard, so not
+                      safe against a Ctrl-C on its first line): what the guard costs
+* ``block, unchecked exit``  toggleshim's block whose flat exit restores from the plan without
+                      reading ``trainer.optimizers`` and the record again (not exact if the body
+                      edits them): what the exit's checks cost
 
 It prints each variant's time and the two numbers that explain the parity: what toggling costs
 alone (bare block / lightning pair) and what it costs *in place*, beside ``zero_grad`` and ``step``
@@ -38,11 +47,14 @@ import time
 from collections.abc import Callable
 from operator import attrgetter
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_toggle as bench
+
+from toggleshim import _toggle
 
 
 def main() -> None:
@@ -107,6 +119,48 @@ def main() -> None:
                     p.requires_grad = True
         assert vals
 
+    class Minimal:
+        __slots__ = ("opt",)
+
+        def __init__(self, opt: torch.optim.Optimizer) -> None:
+            self.opt = opt
+            toggle(module, opt)
+
+        def __enter__(self) -> torch.optim.Optimizer:
+            self.opt.zero_grad()
+            return self.opt
+
+        def __exit__(self, exc_type: Any, *exc: Any) -> bool:
+            try:
+                if exc_type is None:
+                    self.opt.step()
+            finally:
+                untoggle(module, self.opt)
+            return False
+
+    def minimal_block(n: int) -> None:
+        for _ in range(n):
+            for opt, body in pairs:
+                with Minimal(opt):
+                    body()
+
+    toggle_cls = _toggle.Toggle
+    guarded, checked = toggle_cls.__dict__["__exit__"], toggle_cls._untoggle_flat
+
+    def unchecked(self: Any) -> None:
+        restore = self._plan.restore
+        _toggle._assign(restore(self._managed), restore(self._vals))
+        self._module.__dict__["_param_requires_grad_state"] = {}
+
+    def patched(exit_fn: Any, flat: Any) -> Callable[[int], None]:
+        def run(n: int) -> None:
+            toggle_cls.__exit__, toggle_cls._untoggle_flat = exit_fn, flat  # type: ignore[method-assign]
+            try:
+                fx.variants["block"](n)
+            finally:
+                toggle_cls.__exit__, toggle_cls._untoggle_flat = guarded, checked  # type: ignore[method-assign]
+        return run
+
     variants: dict[str, Callable[[int], None]] = {
         "bare block": bare_block,
         "lightning pair": lightning_pair,
@@ -115,6 +169,9 @@ def main() -> None:
         "manual": fx.variants["manual"],
         "essential": essential,
         "essential+step": essential_step,
+        "minimal block": minimal_block,
+        "block, no guard": patched(toggle_cls._exit, checked),
+        "block, unchecked exit": patched(guarded, unchecked),
     }
     rng = random.Random(0)
     order = list(variants.items())
@@ -133,11 +190,14 @@ def main() -> None:
     finally:
         gc.enable()
     med = {name: statistics.median(values) for name, values in times.items()}
+    low = {name: sorted(values)[len(values) // 10] for name, values in times.items()}
     print(f"{args.params} parameters, {args.optimizers} optimizers, body {args.body}, {args.rounds} rounds "
-          f"of {args.iterations} iterations; µs per toggled optimizer (median)")
-    print("| variant | µs |\n|:---|---:|")
+          f"of {args.iterations} iterations; µs per toggled optimizer: median, and the 10th percentile "
+          "(the least disturbed rounds); the ratios to manual of each")
+    print("| variant | µs (median) | µs (p10) | /manual (median) | /manual (p10) |\n|:---|---:|---:|---:|---:|")
     for name, value in med.items():
-        print(f"| {name} | {value:.1f} |")
+        print(f"| {name} | {value:.1f} | {low[name]:.1f} | {value / med['manual']:.3f} "
+              f"| {low[name] / low['manual']:.3f} |")
     alone = med["bare block"] / med["lightning pair"]
     ours = med["block"] - med["zero_grad+step"]
     theirs = med["manual"] - med["zero_grad+step"]
