@@ -130,7 +130,8 @@ class ToggleMachine(RuleBasedStateMachine):
         k = self.k(data)
         before = [p.requires_grad for p in self.world.params]
         toggled = list(self.model.rg)
-        lightning_toggle(toggled, self.model.optimizers, k)
+        toggled_record = lightning_toggle(toggled, self.model.optimizers, k)
+        record_before = self.model.record
         with Interrupter(line) as inter:
             try:
                 with self.world.module.toggle_optimizer(
@@ -147,6 +148,13 @@ class ToggleMachine(RuleBasedStateMachine):
             return
         after = [p.requires_grad for p in self.world.params]
         assert after in (before, toggled), (inter.raised, before, toggled, after)
+        # The record as well: untouched or emptied (as Lightning's untoggle leaves it), or, interrupted
+        # right after the toggle, exactly Lightning's toggle's record.
+        index = {id(p): i for i, p in enumerate(self.world.params)}
+        raw = self.world.module.__dict__.get("_param_requires_grad_state")
+        record = None if raw is None else {index[id(p)]: v for p, v in raw.items()}
+        assert record in (record_before, {}) or (after == toggled and record == toggled_record), (
+            inter.raised, record_before, record)
         if after != before:
             self.world.module.untoggle_optimizer(self.world.opts[k])
             assert [p.requires_grad for p in self.world.params] == before
@@ -156,10 +164,6 @@ class ToggleMachine(RuleBasedStateMachine):
         assert strategy is not None and strategy.blocked == 0
         self.sync = list(strategy.sync_log)  # entered or not, depending on the line: balanced is checked
         assert self.sync.count("enter") == self.sync.count("exit")
-        # The record is not among the robustness invariants: an interrupt late in the exit can leave
-        # the toggle's entries in it (as Lightning's untoggle interrupted before its last line would).
-        # The model takes it as it is.
-        index = {id(p): i for i, p in enumerate(self.world.params)}
         raw = self.world.module.__dict__.get("_param_requires_grad_state")
         self.model.record = None if raw is None else {index[id(p)]: v for p, v in raw.items()}
 
