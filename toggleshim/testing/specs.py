@@ -439,6 +439,12 @@ FLAT_EXAMPLES = (
     # step); optimizer 1 passed as a LightningOptimizer (its step hooks, the global step)
     WorldSpec(_TWO, (), _SHARED, (Block(1, (Backward((1,)),), sync_grad=False), Block(0, (Raise(),), sync_grad=False),
                                   Block(1, fail="step", sync_grad=False), Block(1, fail="step_after")), (1,)),
+    # Every entry point with no flag passed (its defaults: zero_grad on gradients a backward left,
+    # step on the clean exit, gradient sync on), then with every flag passed
+    WorldSpec(_TWO, (), _SHARED, (Backward((0, 1)), Block(0, (Backward((0,)),), entry="Toggle"), Backward((0, 1)),
+                                  Block(1, (Backward((1,)),), entry="toggle"), Backward((0, 1)),
+                                  Block(0, (Backward((0,)),), False, False, None, False, "Toggle", explicit=True),
+                                  Block(1, (Backward((1,)),), entry="toggle", explicit=True)), (1,)),
 )
 #: Nested worlds: a block inside a block, a statement toggle left open inside a block.
 NESTED_EXAMPLES = (
