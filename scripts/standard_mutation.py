@@ -10,8 +10,8 @@ Beside the hand-planted bugs of ``toggleshim/testing/mutants.py`` (``scripts/mut
 which the same hands chose as the tests: cosmic-ray's operators mutate every comparison, boolean,
 constant, loop and exception handler of the module. The committed tree (``git archive HEAD``) is
 copied to a temporary directory, where each mutant is written to the file and the test command runs:
-``pytest`` over ``property_tests/test_equivalence.py``, ``test_stateful.py`` and ``test_hostile.py``,
-``-x``, profile ``mutants`` (derandomized, no shrinking), one flavour.
+``pytest`` over ``property_tests/test_equivalence.py``, ``test_stateful.py``, ``test_hostile.py`` and
+``test_fallback.py``, ``-x``, profile ``mutants`` (derandomized, no shrinking), one flavour.
 
 The runner (``--runner``): ``fork`` (the default) runs each mutant's pytest in a child forked from
 ``scripts/mutation_forkserver.py``, a server that imported torch once (~8 s less per mutant); the
@@ -46,7 +46,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 FORKSERVER = ROOT / "scripts" / "mutation_forkserver.py"
-TESTS = ["property_tests/test_equivalence.py", "property_tests/test_stateful.py", "property_tests/test_hostile.py"]
+TESTS = ["property_tests/test_equivalence.py", "property_tests/test_stateful.py", "property_tests/test_hostile.py",
+         "property_tests/test_fallback.py"]
 PYTEST_ARGS = "-x -q -p no:randomly -p no:cacheprovider"
 INSTALL = 'pip install -c constraints/tools.txt -e ".[mutation]"   (from the repository root)'
 CONFIG = """\
