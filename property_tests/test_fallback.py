@@ -15,11 +15,20 @@ from typing import Any
 
 import torch
 from _fake_release import fake_release, original
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import toggleshim
-from toggleshim.testing import Block, ManualDriver, ShimDriver, Statement, WorldSpec, build_world, worlds
+from toggleshim.testing import (
+    FLAT_EXAMPLES,
+    Block,
+    ManualDriver,
+    ShimDriver,
+    Statement,
+    WorldSpec,
+    build_world,
+    worlds,
+)
 from toggleshim.testing.harness import check_calls, compare_runs, run_program
 
 
@@ -34,7 +43,16 @@ def _routed(op: object) -> object:
     return op
 
 
+def _flat_examples(test: Any) -> Any:
+    # every documented rule once (a failing zero_grad, a failing step, an interrupt...): 100 random
+    # worlds drew a failing zero_grad once
+    for spec in FLAT_EXAMPLES:
+        test = example(spec=spec)(test)
+    return test
+
+
 @given(spec=worlds(nesting=False))
+@_flat_examples
 def test_fallback_block_is_that_releases_manual_sequence(flavour: str, spec: WorldSpec) -> None:
     program = tuple(map(_routed, spec.program))
     with fake_release(flavour, changed=True):
@@ -63,7 +81,8 @@ def test_fallback_nesting_is_an_error_that_changes_nothing(flavour: str, spec: W
         original(flavour, "untoggle_optimizer")(twin.module, twin.opts[j])
         world = build_world(spec, flavour)
         module = world.module
-        with module.toggle_optimizer(world.opts[j], zero_grad=False, step=False):
+        outer = module.toggle_optimizer(world.opts[j], zero_grad=False, step=False)
+        with outer:
             for p in world.params:
                 p.grad = torch.ones_like(p) if p.requires_grad else None
             inside, record = _rg(world), dict(module._param_requires_grad_state)
@@ -85,5 +104,15 @@ def test_fallback_nesting_is_an_error_that_changes_nothing(flavour: str, spec: W
             assert world.calls == [], world.calls
             assert world.strategy is not None and world.strategy.blocked == 0
         assert _rg(world) == _rg(twin), "the outer block did not untoggle as that release does"
+        # single-use, and closed for good: a second exit or entry is an error that changes nothing
+        assert "closed" in repr(outer), repr(outer)
+        for again in (outer.__enter__, lambda: outer.__exit__(None, None, None)):
+            try:
+                again()
+            except RuntimeError as exc:
+                assert "already used" in str(exc) or "not open" in str(exc), exc
+            else:
+                raise AssertionError("a closed fallback toggle was used again")
+        assert _rg(world) == _rg(twin) and world.calls == [], world.calls
         with module.toggle_optimizer(world.opts[k], zero_grad=False, step=False):  # no block left open
             pass
