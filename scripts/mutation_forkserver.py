@@ -32,7 +32,7 @@ Same verdicts as the fresh process, by construction:
   process group (the child leads its own session), so a mutant that loops forever is stopped too.
 
 One mutant at a time (the server serves one connection after the other). The server exits when its
-parent (``standard_mutation.py``) dies.
+parent (``standard_mutation.py``) dies or on SIGTERM, killing the child it is running.
 """
 
 from __future__ import annotations
@@ -52,6 +52,17 @@ PRELOAD = ("torch", "torch._dynamo", "torch._dynamo.eval_frame", "torchmetrics",
 NEVER = ("toggleshim", "toggleshim_pytest", "lightning", "pytorch_lightning", "lightning_fabric")
 MARKER = "toggleshim-forkserver-error:"
 WRONG_TREE = 97
+
+
+_running: list[int] = []  # the child now running, if any
+
+
+def _stop(signum: int, frame: object) -> None:
+    """SIGTERM (standard_mutation.py is done or stopped): the running child's group goes too."""
+    for pid in _running:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    os._exit(0)
 
 
 def _threads() -> int:
@@ -80,6 +91,7 @@ def serve(path: str) -> int:
     server.bind(path)
     server.listen(4)
     server.settimeout(1.0)
+    signal.signal(signal.SIGTERM, _stop)
     print(f"fork server ready on {path}: preloaded in {time.perf_counter() - start:.1f} s", flush=True)
     while True:
         try:
@@ -90,7 +102,7 @@ def serve(path: str) -> int:
             continue
         with conn:
             conn.settimeout(None)
-            _handle(server, conn, base_path)
+            _handle(server, conn, base_path, parent)
 
 
 def _receive(conn: socket.socket) -> tuple[dict[str, object], list[int]]:
@@ -104,7 +116,7 @@ def _receive(conn: socket.socket) -> tuple[dict[str, object], list[int]]:
     return json.loads(data), fds
 
 
-def _handle(server: socket.socket, conn: socket.socket, base_path: list[str]) -> None:
+def _handle(server: socket.socket, conn: socket.socket, base_path: list[str], parent: int) -> None:
     try:
         request, fds = _receive(conn)
     except (ConnectionError, ValueError, OSError):
@@ -113,6 +125,7 @@ def _handle(server: socket.socket, conn: socket.socket, base_path: list[str]) ->
     if pid == 0:  # the child: never returns
         code = 70
         try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             server.close()
             conn.close()
             code = _child(request, fds, base_path)
@@ -120,23 +133,25 @@ def _handle(server: socket.socket, conn: socket.socket, base_path: list[str]) ->
             os.write(2, f"{MARKER} {exc!r}\n".encode())
         finally:
             os._exit(code)
+    _running.append(pid)
     for fd in fds:
         os.close(fd)
-    status = _wait(pid, conn)
+    status = _wait(pid, conn, parent)
+    _running.remove(pid)
     if status is not None:
         with contextlib.suppress(OSError):
             conn.sendall(f"{status}\n".encode())
 
 
-def _wait(pid: int, conn: socket.socket) -> int | None:
+def _wait(pid: int, conn: socket.socket, parent: int) -> int | None:
     """The child's exit status; None when the client left first (cosmic-ray's timeout killed it):
-    then the child's whole process group is killed."""
+    then the child's whole process group is killed (and so when the server's parent is gone)."""
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             return os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 128 + os.WTERMSIG(status)
         readable, _, _ = select.select([conn], [], [], 0.05)
-        if readable and not conn.recv(1):  # EOF: the client is gone
+        if (readable and not conn.recv(1)) or os.getppid() != parent:  # EOF: the client is gone
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
