@@ -77,10 +77,21 @@ def test_fallback_nesting_is_an_error_that_changes_nothing(flavour: str, spec: W
                                                           "sync_grad": st.booleans()}), label="flags")
     with fake_release(flavour, changed=True):
         twin = build_world(spec, flavour)  # the release's own toggle and untoggle (it changed what they do)
-        original(flavour, "toggle_optimizer")(twin.module, twin.opts[j])
-        original(flavour, "untoggle_optimizer")(twin.module, twin.opts[j])
+        for n in (k, j):
+            original(flavour, "toggle_optimizer")(twin.module, twin.opts[n])
+            original(flavour, "untoggle_optimizer")(twin.module, twin.opts[n])
         world = build_world(spec, flavour)
         module = world.module
+        statement = module.toggle_optimizer(world.opts[k], zero_grad=False, step=False)
+        toggled = _rg(world)
+        try:  # a toggle made as a statement was never entered: its __exit__ is an error
+            statement.__exit__(None, None, None)
+        except RuntimeError as exc:
+            assert "not open" in str(exc), exc
+        else:
+            raise AssertionError("__exit__ of a fallback toggle never entered did not raise")
+        assert _rg(world) == toggled and world.calls == [], "__exit__ without __enter__ changed something"
+        module.untoggle_optimizer(world.opts[k])
         outer = module.toggle_optimizer(world.opts[j], zero_grad=False, step=False)
         with outer:
             for p in world.params:
