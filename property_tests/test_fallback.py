@@ -84,6 +84,7 @@ def test_fallback_nesting_is_an_error_that_changes_nothing(flavour: str, spec: W
         module = world.module
         statement = module.toggle_optimizer(world.opts[k], zero_grad=False, step=False)
         toggled = _rg(world)
+        assert "toggled" in repr(statement), repr(statement)
         try:  # a toggle made as a statement was never entered: its __exit__ is an error
             statement.__exit__(None, None, None)
         except RuntimeError as exc:
