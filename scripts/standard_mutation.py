@@ -5,6 +5,7 @@
     python scripts/standard_mutation.py --module toggleshim/_patch.py
     python scripts/standard_mutation.py --compare 24 --seed 5 # the fork server against fresh processes
     python scripts/standard_mutation.py --lines 376,667 --rev 1771d67  # some lines, another commit
+    python scripts/standard_mutation.py --resume DIR          # finish a stopped run kept with --keep DIR
 
 Beside the hand-planted bugs of ``toggleshim/testing/mutants.py`` (``scripts/mutation_score.py``),
 which the same hands chose as the tests: cosmic-ray's operators mutate every comparison, boolean,
@@ -189,8 +190,11 @@ def main() -> int:
     parser.add_argument("--lines", help="only the mutants starting on these lines (comma-separated)")
     parser.add_argument("--rev", default="HEAD", help="the committed tree to mutate (default HEAD)")
     parser.add_argument("--keep", metavar="DIR", help="work here and keep the session")
+    parser.add_argument("--resume", metavar="DIR", help="finish the pending mutants of a session kept with --keep")
     args = parser.parse_args()
     _bin("cosmic-ray")
+    if args.resume:
+        return _resume(Path(args.resume).resolve())
 
     commit = subprocess.run(["git", "rev-parse", "--short", args.rev], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
@@ -225,6 +229,25 @@ class _no_server:
         pass
 
 
+def _resume(work: Path) -> int:
+    """Run what a stopped ``--keep`` session left pending: the same tree, config and runner."""
+    session = work / "session.sqlite"
+    pending = sqlite3.connect(str(session)).execute(
+        "select count(*) from work_items where job_id not in (select job_id from work_results)").fetchone()[0]
+    os.environ["OMP_NUM_THREADS"] = "1"
+    fork = "mutation_forkserver" in (work / "cr.toml").read_text()
+    with ForkServer(work) if fork else _no_server():
+        start = time.perf_counter()
+        subprocess.run([_bin("cosmic-ray"), "exec", "cr.toml", str(session)], cwd=work, check=True)
+        seconds = time.perf_counter() - start
+    report = subprocess.run([_bin("cr-report"), str(session), "--show-diff"], cwd=work, capture_output=True,
+                            text=True).stdout
+    print(_summary(session, f"the session in {work}, resumed", seconds, pending))
+    print("\n## survivors\n")
+    print("\n".join(_survivors(report)))
+    return 1 if _runner_errors(session) else 0
+
+
 def _results(session: Path) -> list[tuple[str, str, str]]:
     """(job id, outcome, output) of every mutant that ran (not the skipped ones)."""
     rows = sqlite3.connect(str(session)).execute(
@@ -242,12 +265,12 @@ def _runner_errors(session: Path) -> list[str]:
     return bad
 
 
-def _summary(session: Path, what: str, seconds: float) -> str:
+def _summary(session: Path, what: str, seconds: float, ran_now: int | None = None) -> str:
     rows = sqlite3.connect(str(session)).execute(
         "select coalesce(test_outcome, worker_outcome), count(*) from work_results group by 1").fetchall()
     counts = {str(k): v for k, v in rows}
     killed, survived = counts.get("KILLED", 0), counts.get("SURVIVED", 0)
-    ran = sum(v for k, v in counts.items() if k != "SKIPPED")
+    ran = sum(v for k, v in counts.items() if k != "SKIPPED") if ran_now is None else ran_now
     per = f", {seconds / ran:.1f} s a mutant" if ran else ""
     lines = [f"cosmic-ray: {what}; {seconds / 60:.1f} min for {ran} mutants{per}", "",
              "| outcome | mutants |", "|---|---:|"]
