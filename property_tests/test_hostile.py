@@ -13,10 +13,11 @@ untoggles, bad flags) are drawn by ``worlds()`` itself, in every property.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 from _hostile import Interrupter, Refusing
-from hypothesis import assume, given
+from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 from toggleshim import _toggle
@@ -28,9 +29,7 @@ def _plain(op: object) -> object | None:
     """``op`` without the user's own changes (so that "the state before" is what must come back)."""
     if isinstance(op, (Block, Statement)):
         body = tuple(b for b in (_plain(o) for o in op.body) if b is not None)
-        return Block(op.k, body, op.zero_grad, op.step, None, op.sync_grad) if isinstance(op, Block) else Statement(
-            op.k, body
-        )
+        return dataclasses.replace(op, body=body, fail=None) if isinstance(op, Block) else Statement(op.k, body)
     return op if type(op).__name__ == "Backward" else None
 
 
@@ -165,3 +164,57 @@ def test_a_refused_write_is_all_or_nothing(flavour: str, spec: WorldSpec, data: 
     with world.module.toggle_optimizer(world.opts[k], zero_grad=False, step=False):
         assert _rg(world) == toggled and len(_open(world)) == 1
     assert _rg(world) == before
+
+
+@given(spec=worlds(nesting=False, faults=False, hostile=False), data=st.data())
+def test_a_refused_write_in_a_nested_block_is_all_or_nothing(
+    flavour: str, spec: WorldSpec, data: st.DataObject
+) -> None:
+    """Inside a block over optimizer ``j``, a nested block over ``k`` whose writes one parameter
+    refuses: a nested toggle that cannot complete changes nothing and leaves the outer block the only
+    one open (its exit still restores everything); a nested exit that cannot restore the refusing
+    parameter restores every other one. Outcomes, not write sets: the state inside is the one a twin
+    world without refusals has (the model's nesting rule, checked by ``test_equivalence.py``)."""
+    bare = WorldSpec(spec.graph, spec.frozen, spec.optimizers, (), spec.wrapped)
+    world = build_world(bare, flavour)
+    j = data.draw(st.integers(0, len(world.opts) - 1), label="outer optimizer")
+    k = data.draw(st.integers(0, len(world.opts) - 1), label="nested optimizer")
+    i = data.draw(st.integers(0, len(world.params) - 1), label="refusing parameter")
+    refuse = data.draw(st.booleans(), label="refused value")
+    twin = build_world(bare, flavour)  # the same blocks, nothing refused
+    with (twin.module.toggle_optimizer(twin.opts[j], zero_grad=False, step=False),
+          twin.module.toggle_optimizer(twin.opts[k], zero_grad=False, step=False)):
+        inner = _rg(twin)
+    before = _rg(world)
+    p = world.params[i]
+    with world.module.toggle_optimizer(world.opts[j], zero_grad=False, step=False):
+        outer = _rg(world)
+        stack = _open(world)
+        record = world.module.__dict__.get("_param_requires_grad_state")
+        p.__class__ = Refusing
+        p.refuse = refuse  # type: ignore[attr-defined]
+        Refusing.errors.clear()
+        entered = False
+        try:
+            with world.module.toggle_optimizer(world.opts[k], zero_grad=False, step=False):
+                entered = True
+                assert _rg(world) == inner, "the nested toggle did not toggle"
+        except RuntimeError as caught:
+            event(f"nested {'exit' if entered else 'toggle'} refused")  # both drawn: --hypothesis-show-statistics
+            assert caught is Refusing.errors[0], "not the first refusal came out"
+            if entered:  # the exit could not write the refusing parameter back: every other one is
+                assert _rg(world) == [inner[n] if n == i else v for n, v in enumerate(outer)], "others not restored"
+                assert outer[i] is refuse
+            else:  # all or nothing
+                assert _rg(world) == outer, "a nested toggle that could not complete changed something"
+        else:
+            assert _rg(world) == outer
+        assert _open(world) == stack, "the outer block is not the only one open"
+        now = world.module.__dict__.get("_param_requires_grad_state")
+        assert now is record, "the outer record is not back"
+        p.refuse = None  # type: ignore[attr-defined]
+        p.requires_grad = outer[i]  # what a failed exit could not do
+        with world.module.toggle_optimizer(world.opts[k], zero_grad=False, step=False):
+            assert _rg(world) == inner and len(_open(world)) == 2
+        assert _rg(world) == outer
+    assert _rg(world) == before and not _open(world)

@@ -323,6 +323,12 @@ def test_route_gives_the_typed_entry_point_the_fallback(flavour: str) -> None:
         assert fallback is not None
         with fallback(module, module.opts[0]) as opt:
             assert opt is module.opts[0] and not module.b.weight.requires_grad
+        for entry in (toggleshim.toggle, toggleshim.Toggle):  # both typed entry points take it
+            t = entry(module, module.opts[0])
+            assert isinstance(t, _fallback.FallbackToggle), entry
+            with t:
+                assert not module.b.weight.requires_grad
+            assert module.b.weight.requires_grad
 
 
 # someone else's replacement

@@ -404,7 +404,7 @@ class Toggle(Generic[_OptT]):
     def __new__(
         cls, module: Any, optimizer: _OptT, zero_grad: bool = True, step: bool = True, sync_grad: bool = True
     ) -> Toggle[_OptT]:
-        return _toggle_optimizer(module, optimizer, zero_grad, step, sync_grad)
+        return toggle(module, optimizer, zero_grad, step, sync_grad)  # the fallback too, as toggle()
 
     # -- nesting ----------------------------------------------------------------------------
 
@@ -572,8 +572,10 @@ class Toggle(Generic[_OptT]):
 
     def _untoggle_nested(self) -> None:
         assert self._managed is not None and self._entry is not None
-        _assign(self._managed, self._entry)
-        _put_record(self._module, self._prev_record)
+        try:
+            _assign(self._managed, self._entry)
+        finally:  # a refused write does not keep the nested record: the enclosing block's is back
+            _put_record(self._module, self._prev_record)
 
     def _untoggle_statement(self) -> None:
         """``untoggle_optimizer`` called on a nested statement toggle: close it as a nested block."""

@@ -21,6 +21,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from toggleshim._fallback import route
+from toggleshim._toggle import Toggle, toggle
 from toggleshim.testing import model as _model
 from toggleshim.testing.specs import (
     Backward,
@@ -348,11 +350,19 @@ class ShimDriver:
     name = "shim"
 
     def block(self, world: World, op: Block, after_toggle: Callable[[], None], body: Callable[[], None]) -> None:
-        # As users write it: a flag is passed only when it differs from its default (so the defaults
-        # are under test too)
+        # As users write it: unless ``op.explicit``, a flag is passed only when it differs from its
+        # default (so the defaults are under test too), through the entry point ``op.entry``
         flags = {name: value for name, value in (("zero_grad", op.zero_grad), ("step", op.step),
-                                                  ("sync_grad", op.sync_grad)) if value is not True}
-        toggled = world.module.toggle_optimizer(world.opts[op.k], **flags)
+                                                  ("sync_grad", op.sync_grad)) if op.explicit or value is not True}
+        module, opt = world.module, world.opts[op.k]
+        if op.entry == "toggle":
+            toggled = toggle(module, opt, **flags)
+        elif op.entry == "Toggle" and route(module) is None:
+            # Toggle(...) builds the shim's toggle whatever the gate decided (it is not routed to
+            # the fallback as toggle() is): drawn only where the shim is installed
+            toggled = Toggle(module, opt, **flags)
+        else:
+            toggled = module.toggle_optimizer(opt, **flags)
         after_toggle()
         with toggled:
             body()

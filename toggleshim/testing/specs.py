@@ -7,12 +7,14 @@ Draw order: graph -> optimizer partition -> program (``@st.composite`` for the d
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
 __all__ = [
+    "ENTRY_POINTS",
     "FLAT_EXAMPLES",
     "NESTED_EXAMPLES",
     "Backward",
@@ -126,11 +128,20 @@ class Raise:
     kind: str = "error"
 
 
+#: The ways users open a block: ``module.toggle_optimizer(opt, ...)``, ``toggleshim.toggle(module,
+#: opt, ...)`` and ``toggleshim.Toggle(module, opt, ...)``.
+ENTRY_POINTS = ("method", "toggle", "Toggle")
+
+
 @dataclass(frozen=True)
 class Block:
     """``with toggle_optimizer(opt[k], zero_grad=, step=, sync_grad=): body``; ``fail`` injects a fault
     in ``"zero_grad"``, ``"step"`` (before the update) or ``"step_after"`` (after the update).
-    ``sync_grad=False``: the body runs inside the strategy's ``block_backward_sync()``."""
+    ``sync_grad=False``: the body runs inside the strategy's ``block_backward_sync()``.
+
+    ``entry``: which of :data:`ENTRY_POINTS` opens the block. ``explicit``: every flag is passed;
+    otherwise only the flags that differ from their defaults (so that the defaults of every entry
+    point are under test)."""
 
     k: int
     body: tuple[object, ...] = ()
@@ -138,6 +149,8 @@ class Block:
     step: bool = True
     fail: str | None = None
     sync_grad: bool = True
+    entry: str = "method"
+    explicit: bool = False
 
 
 @dataclass(frozen=True)
@@ -309,8 +322,7 @@ def _fit_program(n_opt: int, n_params: int, n_terms: int, program: tuple[object,
 def _fit(op: object, n_opt: int, n_params: int, n_terms: int) -> object:
     """``op`` with its indices brought into a world's ranges (modulo); a loss's terms stay distinct."""
     if isinstance(op, Block):
-        body = _fit_program(n_opt, n_params, n_terms, op.body)
-        return Block(op.k % n_opt, body, op.zero_grad, op.step, op.fail, op.sync_grad)
+        return dataclasses.replace(op, k=op.k % n_opt, body=_fit_program(n_opt, n_params, n_terms, op.body))
     if isinstance(op, Statement):
         return Statement(op.k % n_opt, _fit_program(n_opt, n_params, n_terms, op.body))
     if isinstance(op, Backward):
@@ -341,20 +353,19 @@ def _programs(max_ops: int, nesting: bool, faults: bool, hostile: bool) -> st.Se
     ] if hostile else []
     leaf = st.one_of(backward, backward, set_rg, edit_record, *([raise_] if faults else []), *hostile_ops)
     fail = st.sampled_from([None, None, None, "zero_grad", "step", "step_after"]) if faults else st.none()
+    entry = st.sampled_from(ENTRY_POINTS)
 
     def bodies(inner: st.SearchStrategy[object]) -> st.SearchStrategy[tuple[object, ...]]:
         return st.lists(inner, max_size=max_ops).map(tuple)
 
-    def extend(inner: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
-        return st.one_of(
-            st.builds(Block, k, bodies(inner), st.booleans(), st.booleans(), fail, st.booleans()),
-            st.builds(Statement, k, bodies(inner)),
-        )
+    def block(body: st.SearchStrategy[object]) -> st.SearchStrategy[Block]:
+        return st.builds(Block, k, bodies(body), st.booleans(), st.booleans(), fail, st.booleans(),
+                         entry=entry, explicit=st.booleans())
 
-    flat_blocks = st.one_of(
-        st.builds(Block, k, bodies(leaf), st.booleans(), st.booleans(), fail, st.booleans()),
-        st.builds(Statement, k, bodies(leaf)),
-    )
+    def extend(inner: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
+        return st.one_of(block(inner), st.builds(Statement, k, bodies(inner)))
+
+    flat_blocks = st.one_of(block(leaf), st.builds(Statement, k, bodies(leaf)))
     if nesting:
         inner = st.recursive(leaf, extend, max_leaves=8)
         top = st.one_of(extend(inner), set_rg, backward)
@@ -428,6 +439,12 @@ FLAT_EXAMPLES = (
     # step); optimizer 1 passed as a LightningOptimizer (its step hooks, the global step)
     WorldSpec(_TWO, (), _SHARED, (Block(1, (Backward((1,)),), sync_grad=False), Block(0, (Raise(),), sync_grad=False),
                                   Block(1, fail="step", sync_grad=False), Block(1, fail="step_after")), (1,)),
+    # Every entry point with no flag passed (its defaults: zero_grad on gradients a backward left,
+    # step on the clean exit, gradient sync on), then with every flag passed
+    WorldSpec(_TWO, (), _SHARED, (Backward((0, 1)), Block(0, (Backward((0,)),), entry="Toggle"), Backward((0, 1)),
+                                  Block(1, (Backward((1,)),), entry="toggle"), Backward((0, 1)),
+                                  Block(0, (Backward((0,)),), False, False, None, False, "Toggle", explicit=True),
+                                  Block(1, (Backward((1,)),), entry="toggle", explicit=True)), (1,)),
 )
 #: Nested worlds: a block inside a block, a statement toggle left open inside a block.
 NESTED_EXAMPLES = (
