@@ -533,6 +533,19 @@ def test_no_class_is_kept_per_lightning_optimizer(flavour: str, how: str) -> Non
     assert sum(c() is not None for c in classes) == 0
 
 
+def test_an_optimizer_appended_to_trainer_optimizers_is_seen(flavour: str) -> None:
+    """The cached layout is a prefix of the new one (an optimizer appended): the next toggle must
+    plan anew and freeze the new optimizer's parameters too, as Lightning's toggle does."""
+    m = three_heads(flavour, n_opt=2)
+    with m.toggle_optimizer(m.opts[0], zero_grad=False, step=False):
+        assert all(p.requires_grad for p in m.c.parameters())  # in no optimizer yet: untouched
+    m._trainer.optimizers.append(torch.optim.SGD(m.c.parameters(), lr=0.1))
+    with m.toggle_optimizer(m.opts[0], zero_grad=False, step=False):
+        assert not any(p.requires_grad for p in m.c.parameters())
+        assert all(p.requires_grad for p in m.a.parameters())
+    assert all(p.requires_grad for p in m.parameters())
+
+
 def test_replaced_parameters_are_freed(flavour: str) -> None:
     """Model surgery: a head replaced again and again (new optimizers, or its parameters swapped inside
     a living optimizer). The old heads and optimizers die as they do without toggleshim: at once when
