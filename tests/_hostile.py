@@ -73,7 +73,11 @@ class Refusing(nn.Parameter):
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
         if value is self.refuse:
-            error = RuntimeError(f"refused requires_grad={value}")
+            error = self.refusal(value)
             Refusing.errors.append(error)
             raise error
         torch._C.TensorBase.requires_grad.__set__(self, value)  # type: ignore[attr-defined]
+
+    def refusal(self, value: bool) -> BaseException:
+        """What a refused write raises (a subclass may raise something else)."""
+        return RuntimeError(f"refused requires_grad={value}")

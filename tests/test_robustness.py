@@ -280,16 +280,9 @@ def test_an_interrupt_during_the_exit_propagates_ahead_of_the_body_error(flavour
     m = six(flavour)
 
     class Interrupting(Refusing):
-        @property  # type: ignore[override]
-        def requires_grad(self) -> bool:
-            return torch._C.TensorBase.requires_grad.__get__(self)  # type: ignore[attr-defined,no-any-return]
-
-        @requires_grad.setter
-        def requires_grad(self, value: bool) -> None:
-            if value is self.refuse:
-                self.refuse = None  # one Ctrl-C
-                raise KeyboardInterrupt
-            torch._C.TensorBase.requires_grad.__set__(self, value)  # type: ignore[attr-defined]
+        def refusal(self, value: bool) -> BaseException:
+            self.refuse = None  # one Ctrl-C
+            return KeyboardInterrupt()
 
     err = ValueError("the body's own")
     with pytest.raises(KeyboardInterrupt), m.toggle_optimizer(m.opts[0], zero_grad=False, step=False):

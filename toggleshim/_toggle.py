@@ -236,6 +236,13 @@ def _param_name(module: Any, param: Any) -> str:
     return f"an unnamed parameter {what} (not a parameter of {type(module).__name__})"
 
 
+def _not_a_tensor(item: Any) -> TypeError:
+    return TypeError(
+        f"toggle_optimizer(): an optimizer holds {_describe(item)} where a parameter (a tensor) belongs; "
+        "nothing was changed"
+    )
+
+
 def _new_plan(module: Any, optimizer: Any, inner: Any, opts: Sequence[Any], layout: list[Any]) -> _Plan:
     """The plan for toggling ``optimizer`` over ``layout`` (read from ``opts``); raises, having changed
     nothing, if it cannot be toggled."""
@@ -249,19 +256,13 @@ def _new_plan(module: Any, optimizer: Any, inner: Any, opts: Sequence[Any], layo
         if len(ends) < len(opts) and item is opts[len(ends)]:
             ends.append(pos)
         else:
-            raise TypeError(
-                f"toggle_optimizer(): an optimizer holds {_describe(item)} where a parameter (a tensor) "
-                "belongs; nothing was changed"
-            )
+            raise _not_a_tensor(item)
     toggled = [k for k, opt in enumerate(opts) if opt is optimizer or opt is inner]  # Lightning's test
     outside = None if toggled else [p for group in optimizer.param_groups for p in group["params"]]
     if outside is not None:
         for item in outside:
             if not isinstance(item, torch.Tensor):
-                raise TypeError(
-                    f"toggle_optimizer(): an optimizer holds {_describe(item)} where a parameter (a tensor) "
-                    "belongs; nothing was changed"
-                )
+                raise _not_a_tensor(item)
         managed = {id(p) for p in layout}
         strangers = [p for p in outside if id(p) not in managed]
         if strangers:
