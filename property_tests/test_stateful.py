@@ -19,7 +19,8 @@ from test_hostile import Interrupter
 import toggleshim  # noqa: F401
 from toggleshim import _toggle
 from toggleshim.testing import InjectedFault, ToggleModel, WorldSpec, build_world, installed_flavours, worlds
-from toggleshim.testing.model import expected_sync, lightning_toggle
+from toggleshim.testing.model import expected_calls, expected_sync, lightning_toggle
+from toggleshim.testing.specs import SYNC_FAULTS
 
 
 def _params(opt: Any) -> list[Any]:
@@ -33,6 +34,7 @@ class _Open:
     k: int
     step: bool
     sync_grad: bool
+    fault: str | None  # "sync_exit": leaving its no-sync context fails, however the block closes
 
 
 class ToggleMachine(RuleBasedStateMachine):
@@ -67,58 +69,78 @@ class ToggleMachine(RuleBasedStateMachine):
         return bool(self.model.record) and not self.model.stack
 
     # -- rules --
-    @rule(data=st.data(), zero_grad=st.booleans(), step=st.booleans(), fail=st.booleans(), sync_grad=st.booleans())
-    def open_block(self, data: st.DataObject, zero_grad: bool, step: bool, fail: bool, sync_grad: bool) -> None:
+    @rule(data=st.data(), zero_grad=st.booleans(), step=st.booleans(), sync_grad=st.booleans(),
+          fail=st.sampled_from([None, None, "zero_grad", *SYNC_FAULTS]))
+    def open_block(self, data: st.DataObject, zero_grad: bool, step: bool, sync_grad: bool, fail: str | None) -> None:
+        """A block opens; ``fail``: its zero_grad fails, or its no-sync context (``sync_grad=False``)
+        cannot be made or entered, or later cannot be left (``"sync_exit"``, whatever closes it)."""
         k = self.k(data)
         if self.pending_statement():
             return  # a block over a pending statement toggle is Lightning's flat nesting (see README)
+        if (fail in SYNC_FAULTS and sync_grad) or (fail == "zero_grad" and not zero_grad):
+            fail = None  # a fault of a call the block does not make
         toggle = self.world.module.toggle_optimizer(
             self.world.opts[k], zero_grad=zero_grad, step=step, sync_grad=sync_grad
         )
         frame = self.model.toggle(k)
         self.model.enter(frame, sync_grad)
-        self.sync += expected_sync(sync_grad, entry=True)
-        if zero_grad:
-            self.calls.append(("zero_grad", k))
-        if fail and zero_grad:
+        self.sync += expected_sync(sync_grad, True, fail)
+        self.calls += expected_calls(k, zero_grad, step, None, fail)
+        strategy = self.world.strategy
+        assert strategy is not None
+        if fail == "zero_grad":
             self.world.fault = ("zero_grad", k)
+        elif fail is not None:
+            strategy.fault = fail  # taken by the block's block_backward_sync() call
+        if fail not in (None, "sync_exit"):
             try:
                 toggle.__enter__()
             except InjectedFault as exc:
                 assert exc is self.world.raised[-1]
                 self.model.exit(frame)
-                self.sync += expected_sync(sync_grad, entry=False)
+                self.sync += expected_sync(sync_grad, False, fail)
                 return
-            raise AssertionError("a failing zero_grad did not propagate out of __enter__")
+            raise AssertionError(f"a failing {fail} did not propagate out of __enter__")
         assert toggle.__enter__() is self.world.opts[k]
+        assert strategy.fault is None, "the block did not make its no-sync context"
         self.model.start_body(frame)
-        self.blocks.append(_Open(toggle, frame, k, step, sync_grad))
+        self.blocks.append(_Open(toggle, frame, k, step, sync_grad, fail))
 
     @precondition(lambda self: self.blocks)
     @rule(how=st.sampled_from(["clean", "error", "interrupt", "failing step"]))
     def close_block(self, how: str) -> None:
+        """The innermost block closes: cleanly, with the body's error or interrupt, or its step fails.
+        The exception that comes out is the first (the step's before the no-sync exit's; the body's is
+        never replaced, ``__exit__`` returns False)."""
         top = self.blocks.pop()
+        sync_error = top.fault == "sync_exit"
         if how == "clean":
-            assert top.toggle.__exit__(None, None, None) is False
+            try:
+                assert top.toggle.__exit__(None, None, None) is False
+            except InjectedFault as exc:
+                assert sync_error and exc is self.world.raised[-1], "not the no-sync exit's error came out"
+            else:
+                assert not sync_error, "a failing exit of the no-sync context did not propagate"
             if top.step:
                 self.calls.append(("step", top.k))
                 self.steps_through_wrappers += top.k in self.world.wrapped
         elif how == "failing step":
             self.world.fault = ("step", top.k)
+            raised = len(self.world.raised)
             try:
                 top.toggle.__exit__(None, None, None)
             except InjectedFault as exc:
-                assert exc is self.world.raised[-1]
-                assert top.step
-                self.calls.append(("step", top.k))
+                assert exc is self.world.raised[raised], "not the first error came out"
+                assert top.step or sync_error
+                self.calls += [("step", top.k)] if top.step else []
             else:
-                assert not top.step, "a failing step did not propagate out of __exit__"
-                self.world.fault = None
+                assert not top.step and not sync_error, "a failing step did not propagate out of __exit__"
+            self.world.fault = None
         else:
             exc = InjectedFault("body") if how == "error" else KeyboardInterrupt()
-            assert top.toggle.__exit__(type(exc), exc, None) is False  # never swallowed
+            assert top.toggle.__exit__(type(exc), exc, None) is False  # never swallowed, never replaced
         self.model.exit(top.frame)
-        self.sync += expected_sync(top.sync_grad, entry=False)
+        self.sync += expected_sync(top.sync_grad, False, top.fault)
 
     @precondition(lambda self: not self.blocks and not self.pending_statement())
     @rule(data=st.data(), line=st.integers(1, 120), sync_grad=st.booleans())
@@ -387,7 +409,11 @@ class ToggleMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         while getattr(self, "blocks", None):  # leave no block open on the module
-            self.blocks.pop().toggle.__exit__(None, None, None)
+            top = self.blocks.pop()
+            try:
+                top.toggle.__exit__(None, None, None)
+            except InjectedFault:
+                assert top.fault == "sync_exit"
 
 
 # One machine per flavour under test (``TOGGLESHIM_FLAVOUR`` narrows it, as everywhere).

@@ -100,8 +100,8 @@ class FallbackToggle(Generic[_OptT]):
         _OPEN_BLOCKS[id(module)] = self
         try:
             if self._sync is not None:
-                self._sync = self._sync()
-                self._sync.__enter__()
+                context, self._sync = self._sync(), None  # left by _close only once entered:
+                _, self._sync = context.__enter__(), context  # one line, no interrupt between the two
             if self._zero_grad:
                 self._optimizer.zero_grad()
         except BaseException:
@@ -139,12 +139,17 @@ class FallbackToggle(Generic[_OptT]):
         self._module = self._optimizer = self._untoggle = self._sync = None
         if _OPEN_BLOCKS.get(id(module)) is self:
             del _OPEN_BLOCKS[id(module)]
+        entered = sync is not None and hasattr(sync, "__exit__")  # not the function: the context it made
         try:
             assert untoggle is not None
             untoggle(module, optimizer)
-        finally:
-            if sync is not None and hasattr(sync, "__exit__"):
-                sync.__exit__(None, None, None)  # a clean exit: its own `finally` restores gradient sync
+        except BaseException:
+            if entered:
+                with contextlib.suppress(Exception):  # the untoggle's error propagates, not this one's
+                    sync.__exit__(None, None, None)
+            raise
+        if entered:
+            sync.__exit__(None, None, None)  # a clean exit: its own `finally` restores gradient sync
 
     def __repr__(self) -> str:
         status = ("toggled", "open", "closed")[self._phase]

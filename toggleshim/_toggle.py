@@ -210,18 +210,35 @@ def _check_flags(**flags: Any) -> None:
             )
 
 
+def _is_optimizer(obj: Any) -> bool:
+    """``param_groups`` is a list (or tuple) of dicts whose ``"params"`` is a list (or tuple), as
+    torch stores them."""
+    try:
+        groups = obj.param_groups
+        return isinstance(groups, (list, tuple)) and all(
+            isinstance(g, dict) and isinstance(g.get("params"), (list, tuple)) for g in groups
+        )
+    except Exception:
+        return False  # no readable param_groups: not an optimizer
+
+
 def _check_optimizer(optimizer: Any) -> None:
     """Reject anything that is not an optimizer, before a single ``requires_grad`` changes."""
-    try:
-        groups = optimizer.param_groups
-        if isinstance(groups, (list, tuple)) and all(isinstance(g, dict) and "params" in g for g in groups):
-            return
-    except Exception:
-        pass  # no readable param_groups: not an optimizer, said below
-    raise TypeError(
-        "toggle_optimizer() expects an optimizer (a torch.optim.Optimizer or the LightningOptimizer "
-        f"that self.optimizers() returns), got {_describe(optimizer)}; nothing was changed"
-    )
+    if not _is_optimizer(optimizer):
+        raise TypeError(
+            "toggle_optimizer() expects an optimizer (a torch.optim.Optimizer or the LightningOptimizer "
+            f"that self.optimizers() returns), got {_describe(optimizer)}; nothing was changed"
+        )
+
+
+def _check_trainer_optimizers(opts: Iterable[Any]) -> None:
+    """Name the entry of ``trainer.optimizers`` that is not an optimizer, if any."""
+    for k, opt in enumerate(opts):
+        if not _is_optimizer(opt):
+            raise TypeError(
+                f"toggle_optimizer(): trainer.optimizers[{k}] is not an optimizer (its param_groups must be "
+                f"dicts holding a list of parameters), got {_describe(opt)}; nothing was changed"
+            )
 
 
 def _param_name(module: Any, param: Any) -> str:
@@ -378,7 +395,7 @@ class Toggle(Generic[_OptT]):
         "_state",
         "_step",
         "_sync",
-        "_sync_entered",
+        "_sync_exit",
         "_vals",
         "_zero_grad",
     )
@@ -398,7 +415,7 @@ class Toggle(Generic[_OptT]):
     _state: _ModuleState | None
     _step: bool
     _sync: Any  # sync_grad=False: the strategy's block_backward_sync, then the context it made
-    _sync_entered: bool
+    _sync_exit: list[Callable[..., Any]] | None  # the entered context's __exit__, until it is called
     _vals: tuple[bool, ...] | None  # the user's view of every managed parameter (flat: the record's values)
     _zero_grad: bool
 
@@ -441,7 +458,8 @@ class Toggle(Generic[_OptT]):
                 # Without gradient sync (DDP micro-batches) the block runs inside the strategy's
                 # no_sync, entered here and left on every exit.
                 self._sync = self._sync()
-                self._sync_entered = bool(self._sync.__enter__()) or True  # one line: see _close
+                # One line: no interrupt falls between entering the context and recording its exit
+                _, self._sync_exit = self._sync.__enter__(), [self._sync.__exit__]
             if self._zero_grad:
                 self._optimizer.zero_grad()  # type: ignore[union-attr]
             return self._optimizer  # type: ignore[return-value]
@@ -493,17 +511,24 @@ class Toggle(Generic[_OptT]):
 
     def _close(self) -> None:
         """Untoggle, unwinding first the toggles left open above this one; gradient sync resumes."""
+        error: BaseException | None = None
         try:
             try:
                 self._unwind()
-            except BaseException:
+            except BaseException as e:
+                error = e
                 with contextlib.suppress(Exception):
                     self._unwind()  # interrupted or failed partway: once more, to completion
-                raise
         finally:
-            if self._sync_entered:
-                # One line, so that no interrupt falls between resuming sync and recording it.
-                self._sync_entered = bool(self._sync.__exit__(None, None, None)) and False
+            if self._sync_exit:
+                try:
+                    # Taken and called in one line: called once, as a with statement calls __exit__,
+                    # even when it raises, and no interrupt falls between taking it and calling it.
+                    self._sync_exit.pop()(None, None, None)
+                except BaseException as e:
+                    error = _first(error, e)
+        if error is not None:
+            raise error
         self._state = self._guard = self._sync = None
 
     def _unwind(self) -> None:
@@ -627,7 +652,8 @@ def _toggle_optimizer(
     try:
         layout = _read(opts)
     except Exception:
-        _check_optimizer(optimizer)  # a clear TypeError for a non-optimizer, else the original error
+        _check_trainer_optimizers(opts)  # a clear TypeError naming what is not an optimizer,
+        _check_optimizer(optimizer)  # else the original error
         raise
     state = _STATES.get(id(module))
     if state is None or state.module() is not module:
@@ -646,7 +672,7 @@ def _toggle_optimizer(
 
     t: Toggle[_OptT] = _new(Toggle)
     t._module, t._state, t._optimizer, t._inner = module, state, optimizer, inner
-    t._zero_grad, t._step, t._sync, t._sync_entered = zero_grad, step, sync, False
+    t._zero_grad, t._step, t._sync, t._sync_exit = zero_grad, step, sync, None
     t._plan, t._layout, t._managed, t._phase = plan, layout, managed, _MADE
     t._guard = None
     namespace = module.__dict__

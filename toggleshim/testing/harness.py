@@ -25,6 +25,7 @@ from toggleshim._fallback import route
 from toggleshim._toggle import Toggle, toggle
 from toggleshim.testing import model as _model
 from toggleshim.testing.specs import (
+    SYNC_FAULTS,
     Backward,
     BadFlag,
     Block,
@@ -245,20 +246,26 @@ class World:
 
 
 class _SyncBlock:
-    """What ``StandInStrategy.block_backward_sync()`` returns: counts and logs entries and exits."""
+    """What ``StandInStrategy.block_backward_sync()`` returns: counts and logs entries and exits;
+    ``fault`` (``"sync_enter"``, ``"sync_exit"``) makes its entry fail, or its exit fail once it has
+    restored sync (as a context manager whose ``finally`` runs, then raises)."""
 
-    __slots__ = ("strategy",)
+    __slots__ = ("fault", "strategy")
 
-    def __init__(self, strategy: StandInStrategy) -> None:
-        self.strategy = strategy
+    def __init__(self, strategy: StandInStrategy, fault: str | None) -> None:
+        self.strategy, self.fault = strategy, fault
 
     def __enter__(self) -> None:
+        if self.fault == "sync_enter":
+            self.strategy.fail("entering block_backward_sync() failed")
         self.strategy.blocked += 1
         self.strategy.sync_log.append("enter")
 
     def __exit__(self, *exc: object) -> None:
         self.strategy.blocked -= 1
         self.strategy.sync_log.append("exit")
+        if self.fault == "sync_exit":
+            self.strategy.fail("leaving block_backward_sync() failed")
 
 
 class StandInStrategy:
@@ -266,16 +273,28 @@ class StandInStrategy:
     sync is blocked (``blocked``: how many no-sync contexts are open) and every entry and exit
     (``sync_log``); ``optimizer_step`` is what a ``LightningOptimizer``'s ``step`` calls. The loop's
     hooks (``on_before_step``/``on_after_step``, installed on the wrappers) log and count global steps
-    as Lightning's manual loop does (one per completed optimizer step)."""
+    as Lightning's manual loop does (one per completed optimizer step).
+
+    ``fault``, when armed with one of :data:`SYNC_FAULTS`, goes to the next ``block_backward_sync()``
+    call: ``"sync_call"`` makes the call itself fail; the exceptions raised go to ``raised``."""
 
     def __init__(self) -> None:
         self.blocked = 0
         self.sync_log: list[str] = []
         self.hooks: list[tuple[str, int]] = []
         self.global_step = 0
+        self.fault: str | None = None
+        self.raised: list[BaseException] = []
 
     def block_backward_sync(self) -> _SyncBlock:
-        return _SyncBlock(self)
+        fault, self.fault = self.fault, None
+        if fault == "sync_call":
+            self.fail("block_backward_sync() failed")
+        return _SyncBlock(self, fault)
+
+    def fail(self, what: str) -> None:
+        self.raised.append(err := InjectedFault(what))
+        raise err
 
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
         return optimizer.step(closure=closure, **kwargs)
@@ -332,6 +351,7 @@ def build_world(spec: WorldSpec, flavour: str = "lightning.pytorch") -> World:
         strategy=strategy,
         wrapped=tuple(spec.wrapped),
     )
+    strategy.raised = world.raised
     world.instrument()
     return world
 
@@ -409,12 +429,21 @@ class ManualDriver:
             # LightningOptimizer.toggle_model(sync_grad=False): the strategy's no-sync context, when
             # the strategy has one (a parallel strategy)
             block_sync = None if op.sync_grad else getattr(world.module.trainer.strategy, "block_backward_sync", None)
-            with block_sync() if block_sync is not None else contextlib.nullcontext():
+            context = block_sync() if block_sync is not None else contextlib.nullcontext()
+            context.__enter__()
+            try:
                 if op.zero_grad:
                     opt.zero_grad()
                 body()
                 if op.step:
                     opt.step()
+            except BaseException:
+                # Written out rather than a with statement, whose failing __exit__ would replace the
+                # error in flight: the first error propagates (docs/guarantees.md)
+                with contextlib.suppress(Exception):
+                    context.__exit__(None, None, None)
+                raise
+            context.__exit__(None, None, None)
         finally:
             self._untoggle(world.module, opt)
 
@@ -636,16 +665,20 @@ class _Runner:
         w, m = self.world, self.model
         frame: _model.Frame | None = None
         completed = False
+        # a fault of the no-sync context fires only where there is one (not under a real Trainer on CPU)
+        sync_fault = op.fail if op.fail in SYNC_FAULTS and not op.sync_grad and w.strategy is not None else None
 
         def after_toggle() -> None:
             nonlocal frame
             frame = m.toggle(op.k)
             m.enter(frame, op.sync_grad)
-            self.expected.extend(_model.expected_calls(op.k, op.zero_grad, op.step, None))
+            self.expected.extend(_model.expected_calls(op.k, op.zero_grad, op.step, None, sync_fault))
             if w.strategy is not None:
-                self.expected_sync.extend(_model.expected_sync(op.sync_grad, entry=True))
+                self.expected_sync.extend(_model.expected_sync(op.sync_grad, True, sync_fault))
             self.point(f"toggled{op.k}")
-            if op.fail is not None:
+            if sync_fault is not None:
+                w.strategy.fault = sync_fault  # type: ignore[union-attr]
+            elif op.fail not in (None, *SYNC_FAULTS):
                 w.fault = (op.fail, op.k)
 
         def run_body() -> None:
@@ -660,11 +693,13 @@ class _Runner:
             self.driver.block(w, op, after_toggle, run_body)
         finally:
             w.fault = None
+            if w.strategy is not None:
+                w.strategy.fault = None
             if frame is not None:
                 m.exit(frame)
                 self.expected.extend(_model.expected_calls(op.k, op.zero_grad, op.step, completed))
                 if w.strategy is not None:
-                    self.expected_sync.extend(_model.expected_sync(op.sync_grad, entry=False))
+                    self.expected_sync.extend(_model.expected_sync(op.sync_grad, False, sync_fault))
             self.point(f"left{op.k}", full=True)
 
     def statement(self, op: Statement) -> None:
@@ -925,6 +960,8 @@ def user_world(module: Any, optimizers: Sequence[torch.optim.Optimizer],
     world = World(module, params, list(optimizers),
                   list(terms) if terms is not None else [functools.partial(_loose_term, p) for p in params],
                   _optimizer_params(optimizers, params), strategy=strategy)
+    if strategy is not None:
+        strategy.raised = world.raised
     world.instrument()
     return world
 

@@ -61,19 +61,24 @@ def lightning_untoggle(rg: list[bool], record: dict[int, bool], optimizers: Opti
                     rg[i] = record[i]
 
 
-def expected_calls(k: int, zero_grad: bool, step: bool, body_completed: bool | None) -> list[tuple[str, int]]:
+def expected_calls(
+    k: int, zero_grad: bool, step: bool, body_completed: bool | None, fault: str | None = None
+) -> list[tuple[str, int]]:
     """The optimizer calls a block makes: ``zero_grad`` on entry (``body_completed=None``: the entry
-    alone), ``step`` on exit only after a clean body (``body_completed``: the exit alone)."""
+    alone), ``step`` on exit only after a clean body (``body_completed``: the exit alone). No
+    ``zero_grad`` when the no-sync context could not be entered (``fault``): it comes after."""
     if body_completed is None:
-        return [("zero_grad", k)] if zero_grad else []
+        return [("zero_grad", k)] if zero_grad and fault not in ("sync_call", "sync_enter") else []
     return [("step", k)] if step and body_completed else []
 
 
-def expected_sync(sync_grad: bool, entry: bool) -> list[str]:
+def expected_sync(sync_grad: bool, entry: bool, fault: str | None = None) -> list[str]:
     """The strategy's ``block_backward_sync()`` a block uses: with ``sync_grad=False`` it is entered
     once when the block starts (``entry``) and left once when it ends, by any path, exceptions
-    included; with ``sync_grad=True`` never."""
-    if sync_grad:
+    included, and once even when leaving it fails (``fault="sync_exit"``: as a ``with`` statement);
+    a context that could not be made or entered (``"sync_call"``, ``"sync_enter"``) is never left;
+    with ``sync_grad=True`` never."""
+    if sync_grad or fault in ("sync_call", "sync_enter"):
         return []
     return ["enter"] if entry else ["exit"]
 

@@ -224,8 +224,16 @@ SHIM: dict[str, tuple[str, str]] = {
         "    sync = None\n",
     ),
     "sync never resumed": (
-        "                self._sync_entered = bool(self._sync.__exit__(None, None, None)) and False\n",
-        "                self._sync_entered = False\n",
+        "                    self._sync_exit.pop()(None, None, None)\n",
+        "                    self._sync_exit.pop()\n",
+    ),
+    "a later refused write replaces the first": (
+        "# re-raised below, after the other writes\n            error = _first(error, e)\n",
+        "# re-raised below, after the other writes\n            error = e\n",
+    ),
+    "a failing sync exit is called again": (  # retried by the cleanup (the bug before this fix)
+        "                    self._sync_exit.pop()(None, None, None)\n",
+        "                    self._sync_exit[-1](None, None, None)\n                    self._sync_exit.pop()\n",
     ),
 }
 

@@ -133,10 +133,17 @@ class Raise:
 ENTRY_POINTS = ("method", "toggle", "Toggle")
 
 
+#: Faults of the strategy's no-sync context (a block with ``sync_grad=False``, in a world whose
+#: strategy has ``block_backward_sync``): the call fails, its ``__enter__`` fails, or its ``__exit__``
+#: fails after restoring sync.
+SYNC_FAULTS = ("sync_call", "sync_enter", "sync_exit")
+
+
 @dataclass(frozen=True)
 class Block:
     """``with toggle_optimizer(opt[k], zero_grad=, step=, sync_grad=): body``; ``fail`` injects a fault
-    in ``"zero_grad"``, ``"step"`` (before the update) or ``"step_after"`` (after the update).
+    in ``"zero_grad"``, ``"step"`` (before the update), ``"step_after"`` (after the update) or, with
+    ``sync_grad=False``, one of :data:`SYNC_FAULTS`.
     ``sync_grad=False``: the body runs inside the strategy's ``block_backward_sync()``.
 
     ``entry``: which of :data:`ENTRY_POINTS` opens the block. ``explicit``: every flag is passed;
@@ -352,7 +359,7 @@ def _programs(max_ops: int, nesting: bool, faults: bool, hostile: bool) -> st.Se
         st.builds(ReplaceRecord, st.sampled_from(["dict", "subclass"])),
     ] if hostile else []
     leaf = st.one_of(backward, backward, set_rg, edit_record, *([raise_] if faults else []), *hostile_ops)
-    fail = st.sampled_from([None, None, None, "zero_grad", "step", "step_after"]) if faults else st.none()
+    fail = st.sampled_from([None] * 5 + ["zero_grad", "step", "step_after", *SYNC_FAULTS]) if faults else st.none()
     entry = st.sampled_from(ENTRY_POINTS)
 
     def bodies(inner: st.SearchStrategy[object]) -> st.SearchStrategy[tuple[object, ...]]:
@@ -420,7 +427,7 @@ _LOOSE = (OptimizerSpec("sgd", (((0,), _SGD),)), OptimizerSpec("adam", (((1, 2),
 
 #: Flat worlds that touch each documented rule once: a user-frozen parameter, a shared parameter,
 #: a user change inside a block, an interrupt and a failing step, a block inside a statement toggle,
-#: the record edited inside a block (a value, then a key).
+#: the record edited inside a block (a value, then a key), gradient sync off and its context failing.
 FLAT_EXAMPLES = (
     WorldSpec(_TWO, (0,), _SHARED, (Block(1, (Backward((0, 1)),)), Block(0, (Backward((1,)),)))),
     WorldSpec(_TWO, (), _SHARED, (Block(0, (SetRequiresGrad(1, False), Backward((0,)))), Block(1))),
@@ -439,6 +446,13 @@ FLAT_EXAMPLES = (
     # step); optimizer 1 passed as a LightningOptimizer (its step hooks, the global step)
     WorldSpec(_TWO, (), _SHARED, (Block(1, (Backward((1,)),), sync_grad=False), Block(0, (Raise(),), sync_grad=False),
                                   Block(1, fail="step", sync_grad=False), Block(1, fail="step_after")), (1,)),
+    # The strategy's no-sync context fails: it cannot be made or entered (no zero_grad, no body; never
+    # left), or leaving it fails (left once; after a clean body its error comes out, after the body's
+    # error the body's)
+    WorldSpec(_TWO, (), _SHARED, (Block(0, (Backward((0,)),), fail="sync_call", sync_grad=False),
+                                  Block(1, (Backward((1,)),), fail="sync_enter", sync_grad=False),
+                                  Block(1, (Backward((1,)),), fail="sync_exit", sync_grad=False),
+                                  Block(0, (Raise(),), fail="sync_exit", sync_grad=False)), (1,)),
     # Every entry point with no flag passed (its defaults: zero_grad on gradients a backward left,
     # step on the clean exit, gradient sync on), then with every flag passed
     WorldSpec(_TWO, (), _SHARED, (Backward((0, 1)), Block(0, (Backward((0,)),), entry="Toggle"), Backward((0, 1)),
