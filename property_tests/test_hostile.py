@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 from typing import Any
 
+import torch
 from _hostile import Interrupter, Refusing
 from hypothesis import assume, event, given
 from hypothesis import strategies as st
@@ -109,29 +110,38 @@ def test_ctrl_c_at_a_drawn_line_leaves_nothing_behind(flavour: str, spec: WorldS
 
 @given(spec=worlds(nesting=False, faults=False, hostile=False), data=st.data())
 def test_a_refused_write_is_all_or_nothing(flavour: str, spec: WorldSpec, data: st.DataObject) -> None:
-    """A toggle that cannot freeze a parameter changes nothing (the refusal propagates, nothing is
-    open); an exit that cannot restore one parameter restores every other one; the next block works."""
-    world = build_world(WorldSpec(spec.graph, spec.frozen, spec.optimizers, (), spec.wrapped), flavour)
-    i = data.draw(st.integers(0, len(world.params) - 1), label="refusing parameter")
-    refuse = data.draw(st.booleans(), label="refused value")
+    """Up to three parameters refuse a value each. A toggle that cannot freeze a parameter puts every
+    other one back (the refusal propagates, nothing is open): only a refusing parameter can keep what
+    it refuses to give back. An exit that cannot restore a parameter restores every other one. The
+    first refusal propagates, and never replaces the body's exception; the next block works."""
+    bare = WorldSpec(spec.graph, spec.frozen, spec.optimizers, (), spec.wrapped)
+    world = build_world(bare, flavour)
+    n = len(world.params)
     k = data.draw(st.integers(0, len(world.opts) - 1), label="optimizer")
+    restored = sorted({j for m, params in enumerate(world.optimizers_spec) if m != k for j in params})
+    # often the exit's parameters (several refused writes at one exit: the first refusal must come out)
+    param = st.one_of(st.sampled_from(restored), st.integers(0, n - 1)) if restored else st.integers(0, n - 1)
+    refusing = data.draw(st.dictionaries(param, st.booleans(), min_size=1, max_size=3),
+                         label="refusing parameters, and the value each refuses")
     body_error = data.draw(st.sampled_from([None, ValueError("the body's own")]), label="the body raises")
     before = _rg(world)
-    expected = build_world(WorldSpec(spec.graph, spec.frozen, spec.optimizers, (), spec.wrapped), flavour)
+    expected = build_world(bare, flavour)
     ManualDriver.for_flavour(flavour).toggle(expected, k)
     toggled = _rg(expected)  # Lightning's toggle, nothing refused
     spec_opts = world.optimizers_spec
-    managed = {j for params in spec_opts for j in params}
     own = set(spec_opts[k])
-    restored = {j for n, params in enumerate(spec_opts) if n != k for j in params}
+    frozen_by_toggle = {j for params in spec_opts for j in params} - own
     # Which writes the toggle and its exit make: False to every managed parameter the toggled
     # optimizer does not hold; at the exit, the recorded value to every other optimizer's parameter.
-    toggle_fails = not refuse and i in managed and i not in own
-    exit_fails = i in restored and before[i] is refuse
-    p = world.params[i]
-    p.__class__ = Refusing
-    p.refuse = refuse  # type: ignore[attr-defined]
+    toggle_fails = any(j in frozen_by_toggle and value is False for j, value in refusing.items())
+    exit_fails = {j for j, value in refusing.items() if j in restored and before[j] is value}
+    event(f"{len(refusing)} refusing, toggle {'fails' if toggle_fails else 'completes'}, "
+          f"{len(exit_fails)} refused at the exit")
+    for j, value in refusing.items():
+        world.params[j].__class__ = Refusing
+        world.params[j].refuse = value  # type: ignore[attr-defined]
     Refusing.errors.clear()
+    after_exit = [toggled[j] if j in exit_fails else v for j, v in enumerate(before)]
     try:
         with world.module.toggle_optimizer(world.opts[k], zero_grad=False, step=False):
             assert not toggle_fails, "a refused freeze did not fail the toggle"
@@ -141,26 +151,28 @@ def test_a_refused_write_is_all_or_nothing(flavour: str, spec: WorldSpec, data: 
     except ValueError as caught:
         # The body's exception, unchanged, even when the exit's untoggle fails too
         assert caught is body_error and not toggle_fails
-        expected_after = [toggled[j] if j == i and exit_fails else v for j, v in enumerate(before)]
-        assert _rg(world) == expected_after, "others not restored under the body's exception"
+        assert _rg(world) == after_exit, "others not restored under the body's exception"
     except RuntimeError as caught:
-        # The first refusal (the toggle's rollback and the exit's retry refuse again; they never
-        # replace it)
+        # The first refusal (the toggle's rollback and the exit's retry refuse again; later refusals
+        # never replace it)
         assert body_error is None or toggle_fails, "a refusal replaced the body's exception"
         assert caught is Refusing.errors[0], f"not the first refusal came out: {caught} of {Refusing.errors}"
         if toggle_fails:
-            assert _rg(world) == before, "a toggle that could not freeze changed something"
+            after = _rg(world)
+            changed = {j for j in range(n) if after[j] != before[j]}
+            assert changed <= set(refusing), f"a toggle that could not freeze changed {changed - set(refusing)}"
+            assert all(not after[j] for j in changed), "a refusing parameter was given what it refuses"
         else:
             assert exit_fails, f"unexpected refusal: {caught}"
-            # the refusing parameter keeps its value inside the block; every other one is restored
-            assert _rg(world) == [toggled[j] if j == i else v for j, v in enumerate(before)], "others not restored"
+            # a refusing parameter keeps its value inside the block; every other one is restored
+            assert _rg(world) == after_exit, "others not restored"
     else:
         assert not toggle_fails and not exit_fails and body_error is None
         assert _rg(world) == before
     assert not _open(world)
-    p.refuse = None  # type: ignore[attr-defined]
-    if exit_fails:
-        p.requires_grad = before[i]  # what the exit could not do
+    for j in refusing:
+        world.params[j].refuse = None  # type: ignore[attr-defined]
+        world.params[j].requires_grad = before[j]  # what the toggle's rollback or the exit could not do
     with world.module.toggle_optimizer(world.opts[k], zero_grad=False, step=False):
         assert _rg(world) == toggled and len(_open(world)) == 1
     assert _rg(world) == before
@@ -218,3 +230,162 @@ def test_a_refused_write_in_a_nested_block_is_all_or_nothing(
             assert _rg(world) == inner and len(_open(world)) == 2
         assert _rg(world) == outer
     assert _rg(world) == before and not _open(world)
+
+
+# -- the trainer's optimizers edited between blocks --------------------------------------------------
+
+
+_EDITS = st.lists(st.tuples(st.sampled_from(["append", "insert", "remove", "replace"]), st.integers(0, 7),
+                            st.lists(st.integers(0, 15), min_size=1, max_size=4, unique=True)), min_size=1, max_size=3)
+
+
+def _edit_optimizers(world: Any, edits: list[tuple[str, int, list[int]]]) -> list[Any]:
+    """Apply ``edits`` to ``trainer.optimizers`` (in place, as a callback re-configuring the optimizers
+    does): a new SGD over the parameters drawn (indices taken modulo their number) appended, inserted
+    at a position, or replacing one; or one removed. The edited list."""
+    opts = world.module.trainer.optimizers
+    n = len(world.params)
+    for how, at, params in edits:
+        new = torch.optim.SGD(list({id(world.params[i % n]): world.params[i % n] for i in params}.values()), lr=0.1)
+        if how == "append":
+            opts.append(new)
+        elif how == "insert":
+            opts.insert(at % (len(opts) + 1), new)
+        elif how == "replace" and opts:
+            opts[at % len(opts)] = new
+        elif how == "remove" and len(opts) > 1:
+            del opts[at % len(opts)]
+    return list(opts)
+
+
+@given(spec=worlds(nesting=False, faults=False, hostile=False), edits=_EDITS, data=st.data())
+def test_blocks_follow_the_trainers_optimizers_when_they_change(
+    flavour: str, spec: WorldSpec, edits: list[tuple[str, int, list[int]]], data: st.DataObject
+) -> None:
+    """A block over every optimizer (plans are cached), then optimizers appended to, inserted into,
+    removed from or replaced in ``trainer.optimizers``, maybe while a block is open: the state after
+    that block, and inside and after a block over any optimizer of the new list, is exactly what
+    Lightning's toggle and untoggle make on a twin world with the same edits (the record too)."""
+    bare = WorldSpec(spec.graph, spec.frozen, spec.optimizers, (), spec.wrapped)
+    world, twin = build_world(bare, flavour), build_world(bare, flavour)
+    manual = ManualDriver.for_flavour(flavour)
+    for opt in world.module.trainer.optimizers:  # a plan cached for every optimizer
+        with world.module.toggle_optimizer(opt, zero_grad=False, step=False):
+            pass
+    if data.draw(st.booleans(), label="a block open across the edits"):
+        i = data.draw(st.integers(0, len(world.opts) - 1), label="its optimizer")
+        with world.module.toggle_optimizer(world.opts[i], zero_grad=False, step=False):
+            manual.toggle(twin, i)
+            _edit_optimizers(world, edits)
+            _edit_optimizers(twin, edits)
+        manual.untoggle(twin, i)  # Lightning's untoggle over the edited list
+        assert _rg(world) == _rg(twin), "a block open across the edits ended otherwise than Lightning's untoggle"
+        assert _record(world) == _record(twin)
+    else:
+        _edit_optimizers(world, edits)
+        _edit_optimizers(twin, edits)
+    opts, twin_opts = world.module.trainer.optimizers, twin.module.trainer.optimizers
+    j = data.draw(st.integers(0, len(opts) - 1), label="optimizer of the edited list")
+    before = _rg(world)
+    manual._toggle(twin.module, twin_opts[j])
+    with world.module.toggle_optimizer(opts[j], zero_grad=False, step=False):
+        assert _rg(world) == _rg(twin), "the block did not toggle as Lightning does over the edited list"
+        assert _record(world) == _record(twin)
+        manual._untoggle(twin.module, twin_opts[j])
+    assert _rg(world) == _rg(twin) == before
+
+
+# -- bad optimizers ----------------------------------------------------------------------------------
+
+
+class _NotAnOptimizer:
+    """Something passed by mistake: no ``param_groups``, groups of another shape, a raising repr."""
+
+    def __init__(self, groups: object, text: str | None) -> None:
+        if groups is not None:
+            self.param_groups = groups
+        self.text = text
+
+    def __repr__(self) -> str:
+        if self.text is None:
+            raise RuntimeError("repr exploded")
+        return self.text
+
+
+_BAD = st.sampled_from(["not an optimizer", "stranger", "non-tensor in the trainer's", "non-tensor in the passed",
+                        "the trainer's not an optimizer"])
+
+
+@given(spec=worlds(nesting=False, faults=False, hostile=False), how=_BAD, data=st.data())
+def test_a_bad_optimizer_is_a_clear_error_that_changes_nothing(
+    flavour: str, spec: WorldSpec, how: str, data: st.DataObject
+) -> None:
+    """``toggle_optimizer`` given something it cannot toggle, in a drawn world with plans cached or
+    not: the error names the problem (the object, described by its repr cut to 80 characters, or a
+    raising repr survived; the parameter none of ``trainer.optimizers`` holds, by its name in the
+    module or its shape; the non-tensor where a parameter belongs; the entry of ``trainer.optimizers``
+    that is not an optimizer), and nothing changed; the next block is exactly Lightning's toggle."""
+    bare = WorldSpec(spec.graph, spec.frozen, spec.optimizers, (), spec.wrapped)
+    world = build_world(bare, flavour)
+    if data.draw(st.booleans(), label="plans cached"):
+        for opt in world.opts:
+            with world.module.toggle_optimizer(opt, zero_grad=False, step=False):
+                pass
+    names = {id(p): name for name, p in world.module.named_parameters(remove_duplicate=False)}
+    held = {id(p) for o in world.module.trainer.optimizers for g in o.param_groups for p in g["params"]}
+    loose = [p for p in world.params if id(p) not in held]
+    undo: Any = None
+    if how == "not an optimizer":
+        groups = data.draw(st.sampled_from([None, [], [{}], [{"lr": 0.1}], ({"params": 3},), "groups"]), label="groups")
+        text = data.draw(st.one_of(st.none(), st.text(min_size=0, max_size=120)), label="repr")
+        bad: Any = _NotAnOptimizer(groups, text)
+        if isinstance(groups, list) and groups == []:
+            bad = _NotAnOptimizer(None, text)  # an empty list of groups would be an optimizer of nothing
+        error, expected = TypeError, ["expects an optimizer", type(bad).__qualname__]
+        if text is not None:
+            expected.append(text if len(text) <= 80 else text[:77] + "...")
+    elif how == "stranger":
+        fresh = torch.nn.Parameter(torch.ones(data.draw(st.integers(1, 4), label="size")))
+        stranger = data.draw(st.sampled_from([fresh, *loose]), label="the stranger")
+        bad = torch.optim.SGD([next(p for p in world.params if id(p) in held), stranger], lr=0.1)
+        error = ValueError
+        expected = [repr(names[id(stranger)]) if id(stranger) in names else f"unnamed parameter of shape "
+                    f"{tuple(stranger.shape)}", "none of trainer.optimizers"]
+    elif how == "the trainer's not an optimizer":
+        j = data.draw(st.integers(0, len(world.opts) - 1), label="which optimizer")
+        group = world.module.trainer.optimizers[j].param_groups[0]
+        undo = (group, group["params"])
+        group["params"] = data.draw(st.sampled_from([3, None]), label="its params")
+        bad = world.opts[data.draw(st.integers(0, len(world.opts) - 1), label="toggled")]
+        error, expected = TypeError, [f"trainer.optimizers[{j}] is not an optimizer"]
+    else:
+        item = data.draw(st.sampled_from([7, "w", None, 1.5]), label="the non-tensor")
+        if how == "non-tensor in the trainer's":
+            j = data.draw(st.integers(0, len(world.opts) - 1), label="which optimizer")
+            params = world.module.trainer.optimizers[j].param_groups[0]["params"]
+            world.module.trainer.optimizers[j].param_groups[0]["params"] = [*params, item]
+            undo = (world.module.trainer.optimizers[j].param_groups[0], params)
+            bad = world.opts[data.draw(st.integers(0, len(world.opts) - 1), label="toggled")]
+        else:
+            bad = torch.optim.SGD(world.params[:1], lr=0.1)
+            bad.param_groups[0]["params"].append(item)
+        error, expected = TypeError, [f"builtins.{type(item).__name__} ({item!r}) where a parameter"]
+    before, record = _rg(world), world.module.__dict__.get("_param_requires_grad_state")
+    try:
+        world.module.toggle_optimizer(bad)
+    except error as exc:
+        message = str(exc)
+        assert all(part in message for part in expected), (expected, message)
+        assert "nothing was changed" in message
+    else:
+        raise AssertionError(f"{how}: toggle_optimizer accepted it")
+    assert _rg(world) == before, "a refused optimizer changed requires_grad"
+    assert world.module.__dict__.get("_param_requires_grad_state") is record and not _open(world)
+    if undo is not None:
+        undo[0]["params"] = undo[1]
+    k = data.draw(st.integers(0, len(world.opts) - 1), label="next block")
+    expected_world = build_world(bare, flavour)
+    ManualDriver.for_flavour(flavour).toggle(expected_world, k)
+    with world.module.toggle_optimizer(world.opts[k], zero_grad=False, step=False):
+        assert _rg(world) == _rg(expected_world)
+    assert _rg(world) == before
