@@ -6,6 +6,8 @@
     python scripts/standard_mutation.py --compare 24 --seed 5 # the fork server against fresh processes
     python scripts/standard_mutation.py --lines 376,667 --rev 1771d67  # some lines, another commit
     python scripts/standard_mutation.py --resume DIR          # finish a stopped run kept with --keep DIR
+    python scripts/standard_mutation.py --survivors-of DIR --rev HEAD  # a kept run's survivors, again
+    python scripts/standard_mutation.py --survivors-of DIR --tests tests/test_gate.py  # by other tests
 
 Beside the hand-planted bugs of ``toggleshim/testing/mutants.py`` (``scripts/mutation_score.py``),
 which the same hands chose as the tests: cosmic-ray's operators mutate every comparison, boolean,
@@ -85,10 +87,11 @@ def tests_for(module: str) -> list[str]:
     return TESTS
 
 
-def test_command(runner: str, flavour: str, socket: Path | None = None, module: str = "") -> str:
+def test_command(runner: str, flavour: str, socket: Path | None = None, module: str = "",
+                 tests_given: list[str] | None = None) -> str:
     """The command cosmic-ray runs for each mutant (from the copy of the tree)."""
     env = f"env HYPOTHESIS_PROFILE=mutants TOGGLESHIM_FLAVOUR={flavour} OMP_NUM_THREADS=1"
-    tests = " ".join(tests_for(module))
+    tests = " ".join(tests_given or tests_for(module))
     if runner == "fresh":
         return f"{env} {sys.executable} -m pytest {PYTEST_ARGS} {tests}"
     return f"{env} {sys.executable} {FORKSERVER} run {socket} -- {PYTEST_ARGS} {tests}"
@@ -145,6 +148,49 @@ def _only_lines(session: Path, lines: set[int]) -> int:
         return sum(item.mutations[0].start_pos[0] in lines for item in items)
 
 
+def _survivors_of(kept: Path) -> list[tuple[str, str, int]]:
+    """Each survivor of a session kept with ``--keep``: (operator, the source line it mutates, column),
+    read from the tree that session mutated, so that it is found again after lines moved."""
+    config = (kept / "cr.toml").read_text()
+    module = config.split('module-path = "', 1)[1].split('"', 1)[0]
+    lines = subprocess.run(["git", "show", f"{_kept_rev(kept)}:{module}"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    rows = sqlite3.connect(str(kept / "session.sqlite")).execute(
+        "select m.operator_name, m.start_pos_row, m.start_pos_col from mutation_specs m join work_results r"
+        " on r.job_id = m.job_id where r.test_outcome = 'SURVIVED'").fetchall()
+    return [(str(op), lines[row - 1].strip(), col - (len(lines[row - 1]) - len(lines[row - 1].lstrip())))
+            for op, row, col in rows]
+
+
+def _kept_rev(kept: Path) -> str:
+    """The commit a kept session mutated (written there by ``--keep``)."""
+    marker = kept / "rev.txt"
+    if not marker.exists():
+        raise SystemExit(f"{kept} has no rev.txt: keep the session with this script's --keep")
+    return marker.read_text().strip()
+
+
+def _only_survivors(session: Path, module_text: str, survivors: list[tuple[str, str, int]]) -> int:
+    """Mark every pending mutant that is not one of ``survivors`` (same operator, same source line,
+    same column in it) as skipped; how many are left."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    lines = module_text.splitlines()
+    wanted = set(survivors)
+    left = 0
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        for item in list(db.pending_work_items):
+            m = item.mutations[0]
+            text = lines[m.start_pos[0] - 1]
+            key = (m.operator_name, text.strip(), m.start_pos[1] - (len(text) - len(text.lstrip())))
+            if key in wanted:
+                left += 1
+            else:
+                db.set_result(item.job_id, WorkResult(worker_outcome=WorkerOutcome.SKIPPED, output="not a survivor"))
+    return left
+
+
 def _prepare(args: argparse.Namespace, work: Path, command: str) -> tuple[Path, str]:
     """The committed tree in ``work``, cosmic-ray's config and an initialised session (sampled)."""
     archive = subprocess.run(["git", "archive", args.rev], cwd=ROOT, capture_output=True, check=True).stdout
@@ -158,6 +204,10 @@ def _prepare(args: argparse.Namespace, work: Path, command: str) -> tuple[Path, 
     subprocess.run([_bin("cosmic-ray"), "init", "cr.toml", str(session)], cwd=work, check=True)
     subprocess.run([_bin("cr-filter-operators"), str(session), "cr.toml"], cwd=work, check=True)
     sampled = ""
+    if args.survivors_of:
+        survivors = _survivors_of(Path(args.survivors_of).resolve())
+        left = _only_survivors(session, source, survivors)
+        sampled = f", the {left} of the {len(survivors)} survivors of {args.survivors_of} found again"
     if args.lines:
         total = _only_lines(session, {int(n) for n in args.lines.split(",")})
         sampled = f", the {total} mutants on lines {args.lines}"
@@ -192,6 +242,11 @@ def main() -> int:
     parser.add_argument("--lines", help="only the mutants starting on these lines (comma-separated)")
     parser.add_argument("--rev", default="HEAD", help="the committed tree to mutate (default HEAD)")
     parser.add_argument("--keep", metavar="DIR", help="work here and keep the session")
+    parser.add_argument("--survivors-of", metavar="DIR",
+                        help="only the mutants that survived in a session kept with --keep (found by operator, "
+                             "source line and column, so on another commit too)")
+    parser.add_argument("--tests", nargs="+", metavar="PATH",
+                        help="the test files to run for each mutant instead of the property suite")
     parser.add_argument("--resume", metavar="DIR", help="finish the pending mutants of a session kept with --keep")
     args = parser.parse_args()
     _bin("cosmic-ray")
@@ -207,14 +262,18 @@ def main() -> int:
         if args.compare:
             return _compare(args, work, commit)
         with ForkServer(work) if args.runner == "fork" else _no_server() as server:
-            command = test_command(args.runner, args.flavour, getattr(server, "socket", None), args.module)
+            command = test_command(args.runner, args.flavour, getattr(server, "socket", None), args.module,
+                                   args.tests)
+            (work / "rev.txt").write_text(subprocess.run(["git", "rev-parse", args.rev], cwd=ROOT, capture_output=True,
+                                                         text=True, check=True).stdout)
             session, sampled = _prepare(args, work, command)
             start = time.perf_counter()
             subprocess.run([_bin("cosmic-ray"), "exec", "cr.toml", str(session)], cwd=work, check=True)
             seconds = time.perf_counter() - start
         report = subprocess.run([_bin("cr-report"), str(session), "--show-diff"], cwd=work, capture_output=True,
                                 text=True).stdout
-        print(_summary(session, f"{args.module} on commit {commit}{sampled}; runner {args.runner}", seconds))
+        tests = f"; tests {' '.join(args.tests)}" if args.tests else ""
+        print(_summary(session, f"{args.module} on commit {commit}{sampled}; runner {args.runner}{tests}", seconds))
         print("\n## survivors\n")
         print("\n".join(_survivors(report)))
         return 1 if _runner_errors(session) else 0

@@ -7,10 +7,13 @@ Importable from a fresh process too (``PYTHONPATH=tests``): the subprocess tests
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import importlib
 import importlib.metadata
 import inspect
+import shutil
 import tempfile
 import textwrap
 import warnings
@@ -25,8 +28,15 @@ COSMETIC = (
     ('"""Makes sure only', '"""A reworded docstring. Makes sure only'),
     ("param_requires_grad_state = {}\n", "param_requires_grad_state = {}  # a new comment\n    # and another\n"),
 )
-_DIR = Path(tempfile.mkdtemp(prefix="toggleshim-fake-release-"))
 _count = [0]
+
+
+@functools.cache
+def _directory() -> Path:
+    """Where the copies' source files go: made at the first copy, removed when the process exits."""
+    path = Path(tempfile.mkdtemp(prefix="toggleshim-fake-release-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def original(flavour: str, name: str) -> Any:
@@ -47,7 +57,7 @@ def method_copy(fn: Any, edits: tuple[tuple[str, str], ...] = (), decorate: str 
     if decorate:
         source = f"@{decorate}\n{source}"
     _count[0] += 1
-    path = _DIR / f"release_copy_{_count[0]}.py"
+    path = _directory() / f"release_copy_{_count[0]}.py"
     path.write_text(source)
     namespace = dict(fn.__globals__)
     exec(compile(source, str(path), "exec"), namespace)
