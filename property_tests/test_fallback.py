@@ -39,7 +39,7 @@ def _routed(op: object) -> object:
         return dataclasses.replace(op, body=tuple(map(_routed, op.body)),
                                    entry="method" if op.entry == "Toggle" else op.entry)
     if isinstance(op, Statement):
-        return Statement(op.k, tuple(map(_routed, op.body)))
+        return dataclasses.replace(op, body=tuple(map(_routed, op.body)))
     return op
 
 

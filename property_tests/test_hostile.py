@@ -30,7 +30,7 @@ def _plain(op: object) -> object | None:
     """``op`` without the user's own changes (so that "the state before" is what must come back)."""
     if isinstance(op, (Block, Statement)):
         body = tuple(b for b in (_plain(o) for o in op.body) if b is not None)
-        return dataclasses.replace(op, body=body, fail=None) if isinstance(op, Block) else Statement(op.k, body)
+        return dataclasses.replace(op, body=body, **({"fail": None} if isinstance(op, Block) else {}))
     return op if type(op).__name__ == "Backward" else None
 
 
@@ -232,6 +232,43 @@ def test_a_refused_write_in_a_nested_block_is_all_or_nothing(
     assert _rg(world) == before and not _open(world)
 
 
+@given(spec=worlds(nesting=False, faults=False, hostile=False), data=st.data())
+def test_an_exit_unwinding_several_toggles_makes_every_write_it_can(
+    flavour: str, spec: WorldSpec, data: st.DataObject
+) -> None:
+    """A block over ``j`` whose body leaves a statement toggle over ``k`` open: its exit unwinds both
+    (innermost first). With parameters that refuse a value each, every write that can be made is
+    made: every other parameter is back to the state before the block, the first refusal propagates,
+    nothing stays open."""
+    bare = WorldSpec(spec.graph, spec.frozen, spec.optimizers, (), spec.wrapped)
+    world = build_world(bare, flavour)
+    n = len(world.params)
+    j = data.draw(st.integers(0, len(world.opts) - 1), label="block")
+    k = data.draw(st.integers(0, len(world.opts) - 1), label="statement left open")
+    refusing = data.draw(st.dictionaries(st.integers(0, n - 1), st.booleans(), min_size=1, max_size=2),
+                         label="refusing parameters, and the value each refuses")
+    before = _rg(world)
+    Refusing.errors.clear()
+    try:
+        with world.module.toggle_optimizer(world.opts[j], zero_grad=False, step=False):
+            world.module.toggle_optimizer(world.opts[k])  # a statement toggle, never untoggled
+            for i, value in refusing.items():  # from here on, these parameters refuse a value
+                world.params[i].__class__ = Refusing
+                world.params[i].refuse = value  # type: ignore[attr-defined]
+    except RuntimeError as caught:
+        assert caught is Refusing.errors[0], "not the first refusal came out"
+    else:
+        assert not Refusing.errors, "a refusal was swallowed"
+    event(f"{len(Refusing.errors)} refusals while unwinding")
+    after = _rg(world)
+    changed = {i for i in range(n) if after[i] != before[i]}
+    assert changed <= set(refusing), f"parameters {changed - set(refusing)} not restored"
+    assert all(after[i] is not before[i] and before[i] is refusing[i] for i in changed)
+    assert not _open(world)
+    for i in refusing:
+        world.params[i].refuse = None  # type: ignore[attr-defined]
+
+
 # -- the trainer's optimizers edited between blocks --------------------------------------------------
 
 
@@ -264,8 +301,9 @@ def test_blocks_follow_the_trainers_optimizers_when_they_change(
 ) -> None:
     """A block over every optimizer (plans are cached), then optimizers appended to, inserted into,
     removed from or replaced in ``trainer.optimizers``, maybe while a block is open: the state after
-    that block, and inside and after a block over any optimizer of the new list, is exactly what
-    Lightning's toggle and untoggle make on a twin world with the same edits (the record too)."""
+    that block, and inside and after a block over any optimizer of the new list (or one outside it
+    holding only the trainer's parameters), is exactly what Lightning's toggle and untoggle make on a
+    twin world with the same edits (the record too)."""
     bare = WorldSpec(spec.graph, spec.frozen, spec.optimizers, (), spec.wrapped)
     world, twin = build_world(bare, flavour), build_world(bare, flavour)
     manual = ManualDriver.for_flavour(flavour)
@@ -286,12 +324,20 @@ def test_blocks_follow_the_trainers_optimizers_when_they_change(
         _edit_optimizers(twin, edits)
     opts, twin_opts = world.module.trainer.optimizers, twin.module.trainer.optimizers
     j = data.draw(st.integers(0, len(opts) - 1), label="optimizer of the edited list")
+    opt, twin_opt = opts[j], twin_opts[j]
+    held = sorted({i for i, p in enumerate(world.params) for o in opts for g in o.param_groups
+                   if any(p is q for q in g["params"])})
+    if data.draw(st.booleans(), label="an optimizer outside the list instead") and held:
+        # legal: one that holds only parameters the trainer's optimizers hold (else a clear error)
+        chosen = data.draw(st.lists(st.sampled_from(held), min_size=1, unique=True), label="its parameters")
+        opt = torch.optim.SGD([world.params[i] for i in chosen], lr=0.1)
+        twin_opt = torch.optim.SGD([twin.params[i] for i in chosen], lr=0.1)
     before = _rg(world)
-    manual._toggle(twin.module, twin_opts[j])
-    with world.module.toggle_optimizer(opts[j], zero_grad=False, step=False):
+    manual._toggle(twin.module, twin_opt)
+    with world.module.toggle_optimizer(opt, zero_grad=False, step=False):
         assert _rg(world) == _rg(twin), "the block did not toggle as Lightning does over the edited list"
         assert _record(world) == _record(twin)
-        manual._untoggle(twin.module, twin_opts[j])
+        manual._untoggle(twin.module, twin_opt)
     assert _rg(world) == _rg(twin) == before
 
 

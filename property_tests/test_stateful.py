@@ -141,6 +141,7 @@ class ToggleMachine(RuleBasedStateMachine):
             assert top.toggle.__exit__(type(exc), exc, None) is False  # never swallowed, never replaced
         self.model.exit(top.frame)
         self.sync += expected_sync(top.sync_grad, False, top.fault)
+        assert repr(top.toggle).startswith("<toggleshim.Toggle closed"), repr(top.toggle)
 
     @precondition(lambda self: not self.blocks and not self.pending_statement())
     @rule(data=st.data(), line=st.integers(1, 120), sync_grad=st.booleans())

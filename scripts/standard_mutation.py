@@ -8,6 +8,7 @@
     python scripts/standard_mutation.py --resume DIR          # finish a stopped run kept with --keep DIR
     python scripts/standard_mutation.py --survivors-of DIR --rev HEAD  # a kept run's survivors, again
     python scripts/standard_mutation.py --survivors-of DIR --tests tests/test_gate.py  # by other tests
+    python scripts/standard_mutation.py --shard 0/2 --keep A & python scripts/standard_mutation.py --shard 1/2 --keep B
 
 Beside the hand-planted bugs of ``toggleshim/testing/mutants.py`` (``scripts/mutation_score.py``),
 which the same hands chose as the tests: cosmic-ray's operators mutate every comparison, boolean,
@@ -191,6 +192,20 @@ def _only_survivors(session: Path, module_text: str, survivors: list[tuple[str, 
     return left
 
 
+def _shard(session: Path, k: int, n: int) -> int:
+    """Keep the ``k``-th of ``n`` shares of the pending mutants (by job id), so that ``n`` runs, one
+    per core, split a session; skip the rest. How many are left."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        pending = sorted(item.job_id for item in db.pending_work_items)
+        for i, job_id in enumerate(pending):
+            if i % n != k:
+                db.set_result(job_id, WorkResult(worker_outcome=WorkerOutcome.SKIPPED, output="other shard"))
+        return len(pending[k::n])
+
+
 def _prepare(args: argparse.Namespace, work: Path, command: str) -> tuple[Path, str]:
     """The committed tree in ``work``, cosmic-ray's config and an initialised session (sampled)."""
     archive = subprocess.run(["git", "archive", args.rev], cwd=ROOT, capture_output=True, check=True).stdout
@@ -211,6 +226,10 @@ def _prepare(args: argparse.Namespace, work: Path, command: str) -> tuple[Path, 
     if args.lines:
         total = _only_lines(session, {int(n) for n in args.lines.split(",")})
         sampled = f", the {total} mutants on lines {args.lines}"
+    if args.shard:
+        k, n_shards = (int(x) for x in args.shard.split("/"))
+        left = _shard(session, k, n_shards)
+        sampled += f", shard {k}/{n_shards} ({left} mutants)"
     n = args.sample or args.compare
     if n:
         total = _sample(session, n, args.seed)
@@ -245,6 +264,8 @@ def main() -> int:
     parser.add_argument("--survivors-of", metavar="DIR",
                         help="only the mutants that survived in a session kept with --keep (found by operator, "
                              "source line and column, so on another commit too)")
+    parser.add_argument("--shard", metavar="K/N", help="only the K-th of N shares of the mutants (0-based), so that "
+                        "N runs split the work, one per core")
     parser.add_argument("--tests", nargs="+", metavar="PATH",
                         help="the test files to run for each mutant instead of the property suite")
     parser.add_argument("--resume", metavar="DIR", help="finish the pending mutants of a session kept with --keep")

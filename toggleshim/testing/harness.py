@@ -390,8 +390,8 @@ class ShimDriver:
     def toggle(self, world: World, k: int) -> None:
         world.module.toggle_optimizer(world.opts[k])
 
-    def untoggle(self, world: World, k: int) -> None:
-        world.module.untoggle_optimizer(world.opts[k])
+    def untoggle(self, world: World, k: int, other: bool = False) -> None:
+        world.module.untoggle_optimizer(_inner(world.opts[k]) if other else world.opts[k])
 
     def bad_flag(self, world: World, op: BadFlag) -> None:
         """A flag of another type: a TypeError that names it, before anything changes."""
@@ -450,8 +450,8 @@ class ManualDriver:
     def toggle(self, world: World, k: int) -> None:
         self._toggle(world.module, world.opts[k])
 
-    def untoggle(self, world: World, k: int) -> None:
-        self._untoggle(world.module, world.opts[k])
+    def untoggle(self, world: World, k: int, other: bool = False) -> None:
+        self._untoggle(world.module, _inner(world.opts[k]) if other else world.opts[k])
 
     def bad_flag(self, world: World, op: BadFlag) -> None:
         """Lightning's toggle takes no flags: nothing to do (the shim's must change nothing either)."""
@@ -572,10 +572,10 @@ class _Runner:
             except BaseException as exc:  # the program's faults come out here, KeyboardInterrupt too
                 ours = self.world.raised[before:]
                 injected = any(exc is e for e in ours)
-                if ours and not injected:
+                if ours and exc is not ours[0]:  # the first error propagates (docs/guarantees.md)
                     raise Mismatch(
                         f"{self.driver.name} world at op{n}: {exc!r} came out instead of the very "
-                        f"exception the program raised ({ours[-1]!r})"
+                        f"exception the program raised first ({ours[0]!r})"
                     ) from exc
                 outcomes.append((type(exc).__name__, str(exc), injected))
             self.path = [f"op{n}"]
@@ -606,10 +606,14 @@ class _Runner:
             self.edit_record(op)
         elif isinstance(op, Backward):
             loss = sum((w.terms[t]() for t in op.terms), torch.zeros(()))
-            if hasattr(w.module, "_trainer") and not isinstance(w.module._trainer, SimpleNamespace):
-                w.module.manual_backward(loss)
-            else:
-                torch.autograd.backward(loss)
+            try:
+                if hasattr(w.module, "_trainer") and not isinstance(w.module._trainer, SimpleNamespace):
+                    w.module.manual_backward(loss)
+                else:
+                    torch.autograd.backward(loss)
+            except BaseException as error:  # nothing to differentiate: raised by the program as well
+                w.raised.append(error)
+                raise
             self.point("backward")
         elif isinstance(op, Raise):
             exc: BaseException = (
@@ -707,7 +711,7 @@ class _Runner:
         self.model.toggle(op.k)
         self.point(f"toggled{op.k}")
         self.body(op.body, "s")
-        self.driver.untoggle(self.world, op.k)
+        self.driver.untoggle(self.world, op.k, op.other)
         self.model.untoggle(op.k)
         self.point(f"untoggled{op.k}")
 

@@ -162,10 +162,13 @@ class Block:
 
 @dataclass(frozen=True)
 class Statement:
-    """Old-style ``toggle_optimizer(opt[k]); body; untoggle_optimizer(opt[k])`` (no ``finally``)."""
+    """Old-style ``toggle_optimizer(opt[k]); body; untoggle_optimizer(opt[k])`` (no ``finally``).
+    ``other``: the untoggle is passed the other object for the same optimizer (the torch optimizer
+    inside a ``LightningOptimizer``; for a torch optimizer, the same one)."""
 
     k: int
     body: tuple[object, ...] = ()
+    other: bool = False
 
 
 @dataclass(frozen=True)
@@ -331,7 +334,7 @@ def _fit(op: object, n_opt: int, n_params: int, n_terms: int) -> object:
     if isinstance(op, Block):
         return dataclasses.replace(op, k=op.k % n_opt, body=_fit_program(n_opt, n_params, n_terms, op.body))
     if isinstance(op, Statement):
-        return Statement(op.k % n_opt, _fit_program(n_opt, n_params, n_terms, op.body))
+        return dataclasses.replace(op, k=op.k % n_opt, body=_fit_program(n_opt, n_params, n_terms, op.body))
     if isinstance(op, Backward):
         return Backward(tuple(dict.fromkeys(t % n_terms for t in op.terms)))
     if isinstance(op, SetRequiresGrad):
@@ -370,9 +373,9 @@ def _programs(max_ops: int, nesting: bool, faults: bool, hostile: bool) -> st.Se
                          entry=entry, explicit=st.booleans())
 
     def extend(inner: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
-        return st.one_of(block(inner), st.builds(Statement, k, bodies(inner)))
+        return st.one_of(block(inner), st.builds(Statement, k, bodies(inner), st.booleans()))
 
-    flat_blocks = st.one_of(block(leaf), st.builds(Statement, k, bodies(leaf)))
+    flat_blocks = st.one_of(block(leaf), st.builds(Statement, k, bodies(leaf), st.booleans()))
     if nesting:
         inner = st.recursive(leaf, extend, max_leaves=8)
         top = st.one_of(extend(inner), set_rg, backward)
