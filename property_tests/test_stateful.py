@@ -7,7 +7,8 @@ model runs beside the real module; invariants are checked after every step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -25,6 +26,18 @@ from toggleshim.testing.specs import SYNC_FAULTS
 
 def _params(opt: Any) -> list[Any]:
     return [p for g in opt.param_groups for p in g["params"]]
+
+
+def _edit(group: dict[str, Any], edit: Callable[[list[Any]], Any]) -> Any:
+    """Apply ``edit`` to a param group's ``"params"``: in place when it is a list (the edit a toggle's
+    cache must notice), else as users must edit a tuple: a new one of the same type put in its place."""
+    params = group["params"]
+    if isinstance(params, list):
+        return edit(params)
+    edited = list(params)
+    result = edit(edited)
+    group["params"] = type(params)(edited)
+    return result
 
 
 @dataclass
@@ -47,7 +60,7 @@ class ToggleMachine(RuleBasedStateMachine):
     @initialize(spec=worlds(nesting=False, faults=False, max_ops=1).filter(lambda spec: len(spec.optimizers) > 1))
     def build(self, spec: WorldSpec) -> None:
         # the drawn kinds of optimizer object (torch, or LightningOptimizer) and the stand-in strategy
-        self.world = build_world(WorldSpec(spec.graph, spec.frozen, spec.optimizers, (), spec.wrapped), self.flavour)
+        self.world = build_world(replace(spec, program=()), self.flavour)
         self.model = ToggleModel(self.world.optimizers_spec, [p.requires_grad for p in self.world.params])
         self.blocks: list[_Open] = []
         self.ever_frozen = {i for i, p in enumerate(self.world.params) if not p.requires_grad}
@@ -56,6 +69,7 @@ class ToggleMachine(RuleBasedStateMachine):
         self.steps_through_wrappers = 0  # the model's global step
         self.user_changed_inside = False
         self.flat_statement: int | None = None
+        self.used: list[Any] = []  # toggles whose block has closed
 
     # -- helpers --
     def k(self, data: st.DataObject) -> int:
@@ -142,6 +156,33 @@ class ToggleMachine(RuleBasedStateMachine):
         self.model.exit(top.frame)
         self.sync += expected_sync(top.sync_grad, False, top.fault)
         assert repr(top.toggle).startswith("<toggleshim.Toggle closed"), repr(top.toggle)
+        self.used = [*self.used[-2:], top.toggle]
+
+    @precondition(lambda self: self.blocks)
+    @rule(data=st.data(), how=st.sampled_from(["getattr", "hasattr", "twice"]))
+    def look_up_an_open_blocks_exit(self, data: st.DataObject, how: str) -> None:
+        """``__exit__`` looked up on an open block and dropped (a debugger, ``inspect``, an
+        ``ExitStack`` reading it): the block stays open; only its own ``with`` closes it."""
+        toggle = data.draw(st.sampled_from(self.blocks), label="block").toggle
+        if how == "hasattr":
+            assert hasattr(toggle, "__exit__")
+        else:
+            for _ in range(1 + (how == "twice")):
+                getattr(toggle, "__exit__")  # noqa: B009  (the lookup is the point)
+        assert repr(toggle).startswith("<toggleshim.Toggle open"), repr(toggle)
+
+    @precondition(lambda self: self.blocks or self.used)
+    @rule(data=st.data())
+    def enter_a_used_toggle(self, data: st.DataObject) -> None:
+        """``with t:`` again on a toggle whose block is open or has closed: a RuntimeError that says
+        a toggle is single-use, and nothing changes (the invariants)."""
+        toggle = data.draw(st.sampled_from([*(b.toggle for b in self.blocks), *self.used]), label="toggle")
+        try:
+            toggle.__enter__()
+        except RuntimeError as exc:
+            assert "already used" in str(exc) and "nothing was changed" in str(exc), str(exc)
+        else:
+            raise AssertionError(f"{toggle!r} was entered twice")
 
     @precondition(lambda self: not self.blocks and not self.pending_statement())
     @rule(data=st.data(), line=st.integers(1, 120), sync_grad=st.booleans())
@@ -267,25 +308,29 @@ class ToggleMachine(RuleBasedStateMachine):
         """
         opts = self.torch_optimizers()
         k = self.k(data)
-        lists = [g["params"] for g in opts[k].param_groups]
+        groups = opts[k].param_groups
         param = self.world.params[data.draw(st.integers(0, len(self.world.params) - 1), label="parameter")]
-        if how == "move" and any(lists):
-            taken = data.draw(st.sampled_from([lst for lst in lists if lst])).pop()
-            target = opts[self.k(data)].param_groups[0]["params"]
-            target.insert(data.draw(st.integers(0, len(target))), taken)
-        elif how == "replace" and any(lists):
-            target = data.draw(st.sampled_from([lst for lst in lists if lst]))
-            target[data.draw(st.integers(0, len(target) - 1))] = param
+        filled = [g for g in groups if g["params"]]
+        if how == "move" and filled:
+            taken = _edit(data.draw(st.sampled_from(filled)), lambda lst: lst.pop())
+            target = opts[self.k(data)].param_groups[0]
+            at = data.draw(st.integers(0, len(target["params"])))
+            _edit(target, lambda lst: lst.insert(at, taken))
+        elif how == "replace" and filled:
+            target = data.draw(st.sampled_from(filled))
+            at = data.draw(st.integers(0, len(target["params"]) - 1))
+            _edit(target, lambda lst: lst.__setitem__(at, param))
         elif how == "add group" and not any(param is q for q in _params(opts[k])):
             opts[k].add_param_group({"params": [param]})  # torch refuses a parameter the optimizer holds
-        elif how == "remove" and any(lists):
-            target = data.draw(st.sampled_from([lst for lst in lists if lst]))
-            target.pop(data.draw(st.integers(0, len(target) - 1)))
+        elif how == "remove" and filled:
+            target = data.draw(st.sampled_from(filled))
+            at = data.draw(st.integers(0, len(target["params"]) - 1))
+            _edit(target, lambda lst: lst.pop(at))
         elif how == "reorder":
-            if len(lists) > 1:
-                opts[k].param_groups.reverse()
+            if len(groups) > 1:
+                groups.reverse()
             else:
-                lists[0].reverse()
+                _edit(groups[0], lambda lst: lst.reverse())
         self.edited(opts)
 
     @precondition(lambda self: self.blocks)
@@ -300,10 +345,11 @@ class ToggleMachine(RuleBasedStateMachine):
         if not others:
             return
         j = data.draw(st.sampled_from(others), label="from optimizer")
-        source = data.draw(st.sampled_from([g["params"] for g in opts[j].param_groups if g["params"]]))
-        taken = source.pop(data.draw(st.integers(0, len(source) - 1)))
+        source = data.draw(st.sampled_from([g for g in opts[j].param_groups if g["params"]]))
+        at = data.draw(st.integers(0, len(source["params"]) - 1))
+        taken = _edit(source, lambda lst: lst.pop(at))
         if into_the_block and not any(taken is q for q in _params(opts[top])):
-            opts[top].param_groups[0]["params"].append(taken)
+            _edit(opts[top].param_groups[0], lambda lst: lst.append(taken))
         self.edited(opts)
 
     def edited(self, opts: list[Any]) -> None:

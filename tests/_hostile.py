@@ -24,13 +24,15 @@ ASYNCHRONOUS_CODE = {c for c in _toggle._state.__code__.co_consts if hasattr(c, 
 
 class Interrupter:
     """Raises ``KeyboardInterrupt`` at the ``k``-th line the package executes (the harness excluded),
-    as a SIGINT handler would between two lines (``k=0``: only counts the lines). Python unsets a
+    or at the first run of the line ``site``, as a SIGINT handler would between two lines (``k=0``
+    and no site: only counts the lines, and lists them). Python unsets a
     trace function that raises, so there is exactly one interrupt."""
 
-    def __init__(self, k: int = 0) -> None:
-        self.k, self.lines = k, 0
+    def __init__(self, k: int = 0, site: tuple[str, int] | None = None) -> None:
+        self.k, self.lines, self.site = k, 0, site  # site: at the first run of this (file, line) instead
         self.raised: KeyboardInterrupt | None = None
         self.where = ""
+        self.sites: list[tuple[str, int]] = []  # counting (k=0): the line each count is, (file, number)
 
     def __enter__(self) -> Interrupter:
         sys.settrace(self._call)
@@ -53,7 +55,10 @@ class Interrupter:
     def _line(self, frame: Any, event: str, arg: Any) -> Any:
         if event == "line":
             self.lines += 1
-            if self.lines == self.k:
+            here = (frame.f_code.co_filename, frame.f_lineno)
+            if not self.k and self.site is None:
+                self.sites.append(here)
+            if self.lines == self.k or here == self.site:
                 self.where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} ({frame.f_code.co_name})"
                 self.raised = KeyboardInterrupt(self.where)
                 raise self.raised

@@ -569,6 +569,8 @@ class _Runner:
             try:
                 self.op(op)
                 outcomes.append(None)
+            except Mismatch:  # the harness's verdict, never one of the program's outcomes
+                raise
             except BaseException as exc:  # the program's faults come out here, KeyboardInterrupt too
                 ours = self.world.raised[before:]
                 injected = any(exc is e for e in ours)
@@ -576,6 +578,11 @@ class _Runner:
                     raise Mismatch(
                         f"{self.driver.name} world at op{n}: {exc!r} came out instead of the very "
                         f"exception the program raised first ({ours[0]!r})"
+                    ) from exc
+                if not ours and self.check_model:  # the model has no error the program did not raise
+                    raise Mismatch(
+                        f"{self.driver.name} world at op{n}: {exc!r} came out, which the program did not "
+                        f"raise (the model says nothing fails here)"
                     ) from exc
                 outcomes.append((type(exc).__name__, str(exc), injected))
             self.path = [f"op{n}"]
