@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 from _fake_release import fake_release, original
-from hypothesis import example, given
+from _hostile import Refusing
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 import toggleshim
@@ -128,3 +129,42 @@ def test_fallback_nesting_is_an_error_that_changes_nothing(flavour: str, spec: W
         assert _rg(world) == _rg(twin) and world.calls == [], world.calls
         with module.toggle_optimizer(world.opts[k], zero_grad=False, step=False):  # no block left open
             pass
+
+
+@given(spec=worlds(nesting=False, faults=False, hostile=False), data=st.data())
+def test_a_fallback_block_whose_untoggle_fails_resumes_gradient_sync(
+    flavour: str, spec: WorldSpec, data: st.DataObject
+) -> None:
+    """A fallback block with ``sync_grad=False`` whose exit's untoggle (the release's own) meets a
+    parameter refusing the value it restores, after a clean body or the body's error: the first
+    error comes out (the refusal, or the body's), gradient sync is back on, its context left once."""
+    spec = dataclasses.replace(spec, program=())
+    k = data.draw(st.integers(0, len(spec.optimizers) - 1), label="optimizer")
+    body_error = data.draw(st.sampled_from([None, ValueError("the body's own")]), label="the body raises")
+    with fake_release(flavour, changed=True):
+        world = build_world(spec, flavour)
+        module = world.module
+        before = _rg(world)
+        held = world.optimizers_spec
+        restored = sorted({j for m, params in enumerate(held) if m != k for j in params} - set(held[k]))
+        anyone = st.integers(0, len(world.params) - 1)  # often one the untoggle writes back
+        i = data.draw(st.one_of(st.sampled_from(restored), anyone) if restored else anyone, label="refusing parameter")
+        refused = before[i]  # refuses the value it had: the one an untoggle would give back
+        Refusing.errors.clear()
+        try:
+            with module.toggle_optimizer(world.opts[k], zero_grad=False, step=False, sync_grad=False):
+                world.params[i].__class__ = Refusing
+                world.params[i].refuse = refused  # type: ignore[attr-defined]
+                assert world.strategy is not None and world.strategy.blocked == 1
+                if body_error is not None:
+                    raise body_error
+        except ValueError as caught:
+            assert caught is body_error, "the body's exception was replaced"
+        except RuntimeError as caught:
+            assert body_error is None and caught is Refusing.errors[0], "not the first error came out"
+        else:
+            assert body_error is None and not Refusing.errors, "an error was swallowed"
+        world.params[i].refuse = None  # type: ignore[attr-defined]
+        event(f"{len(Refusing.errors)} refusals, the body {'raises' if body_error else 'ends'}")
+        assert world.strategy is not None and world.strategy.blocked == 0, "gradient sync left blocked"
+        assert world.strategy.sync_log == ["enter", "exit"], world.strategy.sync_log
