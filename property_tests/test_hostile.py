@@ -340,10 +340,10 @@ _EDITS = st.lists(st.tuples(st.sampled_from(["append", "insert", "remove", "repl
                             st.lists(st.integers(0, 15), min_size=1, max_size=4, unique=True)), min_size=1, max_size=3)
 
 
-def _edit_optimizers(world: Any, edits: list[tuple[str, int, list[int]]]) -> list[Any]:
+def _edit_optimizers(world: Any, edits: list[tuple[str, int, list[int]]]) -> None:
     """Apply ``edits`` to ``trainer.optimizers`` (in place, as a callback re-configuring the optimizers
     does): a new SGD over the parameters drawn (indices taken modulo their number) appended, inserted
-    at a position, or replacing one; or one removed. The edited list."""
+    at a position, or replacing one; or one removed."""
     opts = world.module.trainer.optimizers
     n = len(world.params)
     for how, at, params in edits:
@@ -356,7 +356,6 @@ def _edit_optimizers(world: Any, edits: list[tuple[str, int, list[int]]]) -> lis
             opts[at % len(opts)] = new
         elif how == "remove" and len(opts) > 1:
             del opts[at % len(opts)]
-    return list(opts)
 
 
 @given(spec=worlds(nesting=False, faults=False, hostile=False), edits=_EDITS, data=st.data())
