@@ -14,8 +14,8 @@ Beside the hand-planted bugs of ``toggleshim/testing/mutants.py`` (``scripts/mut
 which the same hands chose as the tests: cosmic-ray's operators mutate every comparison, boolean,
 constant, loop and exception handler of the module. The committed tree (``git archive HEAD``) is
 copied to a temporary directory, where each mutant is written to the file and the test command runs:
-``pytest`` over ``property_tests/test_equivalence.py``, ``test_stateful.py``, ``test_hostile.py`` and
-``test_fallback.py`` (first for ``_fallback.py``), ``-x``, profile ``mutants``
+``pytest`` over ``property_tests/test_equivalence.py``, ``test_stateful.py``, ``test_hostile.py``,
+``test_fallback.py`` (first for ``_fallback.py``) and ``test_install.py``, ``-x``, profile ``mutants``
 (derandomized, no shrinking), one flavour.
 
 The runner (``--runner``): ``fork`` (the default) runs each mutant's pytest in a child forked from
@@ -52,7 +52,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 FORKSERVER = ROOT / "scripts" / "mutation_forkserver.py"
 TESTS = ["property_tests/test_equivalence.py", "property_tests/test_stateful.py", "property_tests/test_hostile.py",
-         "property_tests/test_fallback.py"]
+         "property_tests/test_fallback.py", "property_tests/test_install.py"]
 PYTEST_ARGS = "-x -q -p no:randomly -p no:cacheprovider"
 INSTALL = 'pip install -c constraints/tools.txt -e ".[mutation]"   (from the repository root)'
 CONFIG = """\

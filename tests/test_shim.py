@@ -83,6 +83,37 @@ def test_uninstall_restores_the_exact_originals(flavour: str) -> None:
     assert vars(cls)["toggle_optimizer"] is ORIGINAL[(flavour, "toggle_optimizer")]
 
 
+def test_a_method_of_ours_left_behind_is_patched_again(flavour: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Someone else's patch of ``untoggle_optimizer`` over ours (pytest's ``monkeypatch``), an
+    ``uninstall()`` meanwhile (which leaves their method), and their patch undone: our old method is
+    back alone. ``install()`` takes it for the original it points at: no warning, both methods
+    patched afresh, and ``uninstall()`` puts Lightning's own back."""
+    cls = pl(flavour).LightningModule
+    ours = vars(cls)["untoggle_optimizer"]
+    with monkeypatch.context() as patch:
+        patch.setattr(cls, "untoggle_optimizer", lambda self, optimizer: ours(self, optimizer))
+        toggleshim.uninstall()
+    assert vars(cls)["untoggle_optimizer"] is ours
+    assert vars(cls)["toggle_optimizer"] is ORIGINAL[(flavour, "toggle_optimizer")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        toggleshim.install()
+    assert toggleshim.is_installed()
+    for name in ("toggle_optimizer", "untoggle_optimizer"):
+        assert vars(cls)[name]._toggleshim_original is ORIGINAL[(flavour, name)]
+    m = three_heads(flavour)
+    before = state(m)
+    with m.toggle_optimizer(m.opts[0], zero_grad=False, step=False):
+        inside = state(m)
+        m.toggle_optimizer(m.opts[1])
+        m.untoggle_optimizer(m.opts[1])  # the nested statement toggle, closed by our untoggle
+        assert state(m) == inside
+    assert state(m) == before
+    toggleshim.uninstall()
+    assert all(vars(cls)[name] is ORIGINAL[(flavour, name)] for name in ("toggle_optimizer", "untoggle_optimizer"))
+    toggleshim.install()
+
+
 def test_reload_never_stacks_and_uninstall_still_restores(flavour: str) -> None:
     cls = pl(flavour).LightningModule
     before = vars(cls)["toggle_optimizer"]

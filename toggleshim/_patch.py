@@ -290,7 +290,11 @@ def _install(trust_unknown: bool) -> None:
         cls_dict = vars(flavour.module_cls)
         if hasattr(cls_dict.get("toggle_optimizer"), _SENTINEL):
             continue
-        mode, reason = _classify(flavour)
+        # One of our methods left alone (uninstall() ran while someone else's patch wrapped it, and
+        # that patch was undone since) counts as the original it points at: judged and replaced as such.
+        found = _unpatched(flavour)
+        originals = vars(found.module_cls)
+        mode, reason = _classify(found)
         if mode == "refuse":
             warnings.warn(
                 f"toggleshim left {_label(flavour)} untouched: {reason}. `with self.toggle_optimizer(...)` "
@@ -309,10 +313,12 @@ def _install(trust_unknown: bool) -> None:
                 ToggleshimWarning,
                 stacklevel=3,
             )
-            setattr(flavour.module_cls, _PATCHED[0], _make_fallback(flavour))
+            setattr(flavour.module_cls, _PATCHED[0], _make_fallback(found))
+            if hasattr(cls_dict["untoggle_optimizer"], _SENTINEL):  # the fallback keeps Lightning's own
+                setattr(flavour.module_cls, _PATCHED[1], originals["untoggle_optimizer"])
             continue
         for name, make in (("toggle_optimizer", _make_toggle), ("untoggle_optimizer", _make_untoggle)):
-            setattr(flavour.module_cls, name, make(cls_dict[name]))
+            setattr(flavour.module_cls, name, make(originals[name]))
 
 
 def uninstall() -> None:
@@ -339,15 +345,17 @@ def _mode(flavour: _Flavour) -> str | None:
     return getattr(fn, _MODE, None) if hasattr(fn, _SENTINEL) else None
 
 
+def _unpatched(flavour: _Flavour) -> _Flavour:
+    """``flavour`` as it would be without toggleshim: each method of ours replaced, in a stand-in
+    class, by the original it points at (the real class is not touched)."""
+    cls_dict = vars(flavour.module_cls)
+    originals = {name: getattr(cls_dict[name], _SENTINEL, cls_dict[name]) for name in _PATCHED if name in cls_dict}
+    return _Flavour(flavour.name, flavour.distribution, type("Probe", (), originals), flavour.optimizer_cls)
+
+
 def _status(flavour: _Flavour) -> tuple[str, str]:
     """(mode now or "untouched", why): the gate's verdict on a flavour, for ``toggleshim check``."""
-    mode = _mode(flavour) or "untouched"
-    if mode != "untouched":
-        cls_dict = vars(flavour.module_cls)
-        originals = {name: getattr(cls_dict[name], _SENTINEL, cls_dict[name]) for name in _PATCHED}
-        probe = _Flavour(flavour.name, flavour.distribution, type("Probe", (), originals), flavour.optimizer_cls)
-        return mode, _classify(probe)[1]
-    return mode, _classify(flavour)[1]
+    return _mode(flavour) or "untouched", _classify(_unpatched(flavour))[1]
 
 
 @contextlib.contextmanager
