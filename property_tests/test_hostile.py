@@ -500,6 +500,15 @@ _BAD = st.sampled_from(["not an optimizer", "stranger", "non-tensor in the train
                         "the trainer's not an optimizer"])
 
 
+@given(text=st.one_of(st.text(min_size=78, max_size=82), st.text(max_size=200)))
+def test_a_description_is_the_repr_cut_to_80_characters(text: str) -> None:
+    """How an error message shows an object: ``module.Class (repr)``, the repr cut to 77 characters
+    and ``...`` when longer than 80 (often right at the cut)."""
+    described = _toggle._describe(_NotAnOptimizer(None, text))
+    shown = text if len(text) <= 80 else text[:77] + "..."
+    assert described.endswith(f"_NotAnOptimizer ({shown})"), (len(text), described)
+
+
 @given(spec=worlds(nesting=False, faults=False, hostile=False), how=_BAD, data=st.data())
 def test_a_bad_optimizer_is_a_clear_error_that_changes_nothing(
     flavour: str, spec: WorldSpec, how: str, data: st.DataObject
@@ -531,9 +540,11 @@ def test_a_bad_optimizer_is_a_clear_error_that_changes_nothing(
         if text is not None:
             expected.append(text if len(text) <= 80 else text[:77] + "...")
     elif how == "stranger":
-        fresh = torch.nn.Parameter(torch.ones(data.draw(st.integers(1, 4), label="size")))
-        stranger = data.draw(st.sampled_from([fresh, *loose]), label="the stranger")
-        bad = torch.optim.SGD([next(p for p in world.params if id(p) in held), stranger], lr=0.1)
+        fresh = [torch.nn.Parameter(torch.ones(n)) for n in (1, 2, 3)]
+        strangers = data.draw(st.lists(st.sampled_from([*fresh, *loose]), min_size=1, max_size=2, unique_by=id),
+                              label="the strangers")
+        bad = torch.optim.SGD([next(p for p in world.params if id(p) in held), *strangers], lr=0.1)
+        stranger = strangers[0]  # the first is named
         error = ValueError
         expected = [repr(names[id(stranger)]) if id(stranger) in names else f"unnamed parameter of shape "
                     f"{tuple(stranger.shape)}", "none of trainer.optimizers"]
