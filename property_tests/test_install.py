@@ -46,8 +46,10 @@ def _module(flavour: Any) -> Any:
 
 
 class InstallMachine(RuleBasedStateMachine):
-    @initialize()
-    def start(self) -> None:
+    @initialize(data=st.data())
+    def start(self, data: st.DataObject) -> None:
+        """Any arrangement to start from: each method Lightning's own, toggleshim's (maybe one left
+        behind alone) or someone else's over either."""
         toggleshim.uninstall()
         self.flavours = _patch._flavours()
         assert self.flavours, "no Lightning flavour imported"
@@ -58,6 +60,16 @@ class InstallMachine(RuleBasedStateMachine):
         self.foreign: dict[tuple[str, str], list[Any]] = {}  # what each foreign patch replaced
         self.hooked = False
         self.modules = {f.name: _module(f) for f in self.flavours}
+        toggleshim.install()
+        ours = {key: vars(cls)[key[1]] for key, cls in self._classes()}
+        toggleshim.uninstall()
+        for key, cls in self._classes():
+            start = data.draw(st.sampled_from(["lightning", "ours", "foreign"]), label=f"{key} at the start")
+            if start != "lightning":
+                setattr(cls, key[1], ours[key])
+                self.held[key] = "ours"
+            if start == "foreign":
+                self.patch(cls, key)
 
     def flavour(self, data: st.DataObject) -> Any:
         return data.draw(st.sampled_from(self.flavours), label="flavour")
@@ -90,6 +102,7 @@ class InstallMachine(RuleBasedStateMachine):
             warnings.simplefilter("always")
             toggleshim.install()
         self._check_warnings(caught, refused)
+        assert all(w.filename == __file__ for w in caught), "a warning that does not point at install()'s caller"
 
     @rule()
     def uninstall(self) -> None:
@@ -102,11 +115,14 @@ class InstallMachine(RuleBasedStateMachine):
     @rule(data=st.data(), name=st.sampled_from(_METHODS))
     def someone_else_patches(self, data: st.DataObject, name: str) -> None:
         f = self.flavour(data)
-        previous = vars(f.module_cls)[name]
-        theirs = _foreign(previous, name)
-        setattr(f.module_cls, name, theirs)
-        self.foreign.setdefault((f.name, name), []).append((theirs, previous, self.held[f.name, name]))
-        self.held[f.name, name] = "foreign"
+        self.patch(f.module_cls, (f.name, name))
+
+    def patch(self, cls: type, key: tuple[str, str]) -> None:
+        previous = vars(cls)[key[1]]
+        theirs = _foreign(previous, key[1])
+        setattr(cls, key[1], theirs)
+        self.foreign.setdefault(key, []).append((theirs, previous, self.held[key]))
+        self.held[key] = "foreign"
 
     @precondition(lambda self: any(self.foreign.values()))
     @rule(data=st.data())
