@@ -12,6 +12,8 @@ statement toggle is Lightning's in every state, a block works where toggleshim's
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import warnings
 from types import SimpleNamespace
 from typing import Any
@@ -25,6 +27,12 @@ import toggleshim
 from toggleshim import _patch
 
 _METHODS = ("toggle_optimizer", "untoggle_optimizer")
+
+# Every flavour installed, whatever ``TOGGLESHIM_FLAVOUR`` selects for the other tests: what install()
+# does with one flavour can depend on another (the order it meets them in).
+for _name in ("lightning.pytorch", "pytorch_lightning"):
+    if importlib.util.find_spec(_name.split(".")[0]) is not None:
+        importlib.import_module(_name)
 
 
 def _foreign(previous: Any, name: str) -> Any:
