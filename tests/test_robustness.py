@@ -502,15 +502,17 @@ def test_reloading_the_private_module_keeps_lightning_optimizers_unwrapped() -> 
 def test_reloading_the_private_module_keeps_one_cache_callback_and_every_other_one() -> None:
     """``importlib.reload(toggleshim._toggle)``, twice (in a fresh process): ``gc.callbacks`` holds
     exactly one of toggleshim's cache-dropping callbacks, the reloaded module's, and every callback
-    of anyone else, in order, one of them also named ``_drop_caches``."""
+    of anyone else, in order, some also named ``_drop_caches`` (in modules named to sort before and
+    after toggleshim's)."""
     code = textwrap.dedent(
         """
         import gc, importlib, types
         import toggleshim, toggleshim._toggle
-        theirs = types.ModuleType("theirs")
-        exec("def _drop_caches(phase, info): pass\\ndef watch(phase, info): pass", theirs.__dict__)
-        gc.callbacks[:0] = [theirs.watch]
-        gc.callbacks.append(theirs._drop_caches)
+        for name in ("a_module", "z_module"):  # named to sort before and after toggleshim._toggle
+            theirs = types.ModuleType(name)
+            exec("def _drop_caches(phase, info): pass\\ndef watch(phase, info): pass", theirs.__dict__)
+            gc.callbacks[:0] = [theirs.watch]
+            gc.callbacks.append(theirs._drop_caches)
         others = [cb for cb in gc.callbacks if cb is not toggleshim._toggle._drop_caches]
         for _ in range(2):
             importlib.reload(toggleshim._toggle)
