@@ -479,6 +479,26 @@ def test_a_toggle_is_entered_where_it_is_made(flavour: str, spec: WorldSpec, bet
         assert _rg(world) == start, "not everything is back after the blocks"
 
 
+@given(spec=worlds(nesting=False, faults=False, hostile=False), data=st.data())
+def test_an_optimizer_with_its_own_optimizer_attribute_is_not_unwrapped(
+    flavour: str, spec: WorldSpec, data: st.DataObject
+) -> None:
+    """A torch optimizer of ``trainer.optimizers`` that a library gave an attribute ``_optimizer``
+    (pointing at another of the trainer's optimizers): only a ``LightningOptimizer`` is unwrapped, so
+    the block toggles the optimizer passed, exactly as Lightning's toggle does."""
+    bare = dataclasses.replace(spec, program=())
+    world, twin = build_world(bare, flavour), build_world(bare, flavour)
+    n = len(world.opts)
+    j, k = (data.draw(st.integers(0, n - 1), label=label) for label in ("toggled", "its _optimizer"))
+    for w in (world, twin):
+        w.module.trainer.optimizers[j]._optimizer = w.module.trainer.optimizers[k]
+    before = _rg(world)
+    ManualDriver.for_flavour(flavour)._toggle(twin.module, twin.module.trainer.optimizers[j])
+    with world.module.toggle_optimizer(world.module.trainer.optimizers[j], zero_grad=False, step=False):
+        assert _rg(world) == _rg(twin), "the block toggled another optimizer than the one passed"
+    assert _rg(world) == before
+
+
 # -- bad optimizers ----------------------------------------------------------------------------------
 
 
@@ -541,8 +561,13 @@ def test_a_bad_optimizer_is_a_clear_error_that_changes_nothing(
             expected.append(text if len(text) <= 80 else text[:77] + "...")
     elif how == "stranger":
         fresh = [torch.nn.Parameter(torch.ones(n)) for n in (1, 2, 3)]
-        strangers = data.draw(st.lists(st.sampled_from([*fresh, *loose]), min_size=1, max_size=2, unique_by=id),
-                              label="the strangers")
+        # a parameter of the module that no optimizer holds: registered now, so that every world has
+        # one (a name to find among the module's parameters, besides the loose ones some worlds have)
+        world.module.register_parameter("extra", torch.nn.Parameter(torch.ones(2)))
+        names = {id(p): name for name, p in world.module.named_parameters(remove_duplicate=False)}
+        named = [world.module.extra, *loose]
+        strangers = data.draw(st.lists(st.one_of(st.sampled_from(named), st.sampled_from(fresh)), min_size=1,
+                                       max_size=2, unique_by=id), label="the strangers")
         bad = torch.optim.SGD([next(p for p in world.params if id(p) in held), *strangers], lr=0.1)
         stranger = strangers[0]  # the first is named
         error = ValueError
