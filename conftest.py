@@ -1,7 +1,7 @@
 """Hypothesis profiles (chosen by ``HYPOTHESIS_PROFILE``) and the Lightning flavours under test.
 
 Profiles: ``dev`` (fast, the default), ``ci`` (what ``.ci/run`` uses: derandomized, so a CI failure
-reproduces), ``deep`` (10x ``ci``), ``debug`` (verbose, few examples). ``deadline=None`` everywhere:
+reproduces), ``deep`` (2,000 a property, nightly), ``debug`` (verbose, few examples). ``deadline=None`` everywhere:
 torch's first calls are slow. ``TOGGLESHIM_FLAVOUR`` restricts the flavours (the CI matrix sets it).
 """
 
@@ -16,8 +16,8 @@ from toggleshim.testing import installed_flavours
 
 _common = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=20, **_common)
-settings.register_profile("ci", max_examples=160, derandomize=True, database=None, **_common)  # >= 5,000 worlds in 2 min (docs/harness.md)
-settings.register_profile("deep", max_examples=2000, **_common)  # 10x ci
+settings.register_profile("ci", max_examples=160, derandomize=True, database=None, **_common)  # >= 5,000 worlds, 2 min
+settings.register_profile("deep", max_examples=2000, **_common)  # the nightly run
 # scripts/mutation_score.py: the ci examples, no shrinking (a caught mutant needs no minimal example)
 settings.register_profile(
     "mutants", max_examples=100, derandomize=True, database=None,
