@@ -4,6 +4,7 @@ torch.compile marking, refusal to patch blindly, and leaks. Stand-in trainers he
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import inspect
@@ -112,6 +113,45 @@ def test_a_method_of_ours_left_behind_is_patched_again(flavour: str, monkeypatch
     toggleshim.uninstall()
     assert all(vars(cls)[name] is ORIGINAL[(flavour, name)] for name in ("toggle_optimizer", "untoggle_optimizer"))
     toggleshim.install()
+
+
+@pytest.mark.parametrize("name", ["toggle_optimizer", "untoggle_optimizer"])
+def test_someone_elses_functools_wraps_patch_over_ours_is_theirs(flavour: str, name: str) -> None:
+    """``functools.wraps`` copies ``__dict__``, toggleshim's marks included. Their patch over ours is
+    still theirs: ``uninstall()`` leaves it (and puts Lightning's own back only under the other
+    method), and ``install()`` leaves the flavour untouched, saying why."""
+    cls = pl(flavour).LightningModule
+    ours = vars(cls)[name]
+    calls = []
+
+    @functools.wraps(ours)
+    def theirs(self: Any, optimizer: Any, **kwargs: Any) -> Any:
+        calls.append(optimizer)
+        return ours(self, optimizer, **kwargs)
+
+    setattr(cls, name, theirs)
+    try:
+        assert theirs._toggleshim_original is ORIGINAL[(flavour, name)]  # the marks are copied
+        assert toggleshim.is_installed() == (name == "untoggle_optimizer")  # is_installed() reads the toggle
+        toggleshim.uninstall()
+        assert vars(cls)[name] is theirs
+        other = "untoggle_optimizer" if name == "toggle_optimizer" else "toggle_optimizer"
+        assert vars(cls)[other] is ORIGINAL[(flavour, other)]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            toggleshim.install()
+        (msg,) = [str(w.message) for w in caught if issubclass(w.category, ToggleshimWarning)]
+        assert f"{name} was already wrapped by someone else (over toggleshim." in msg and "untouched" in msg, msg
+        assert vars(cls)[name] is theirs and vars(cls)[other] is ORIGINAL[(flavour, other)]
+        m, ref = three_heads(flavour), three_heads(flavour)
+        m.toggle_optimizer(m.opts[0])  # a statement through their patch: Lightning's toggle
+        lightning_toggle(flavour, ref, ref.opts[0])
+        assert state(m) == state(ref) != state(three_heads(flavour))
+        m.untoggle_optimizer(m.opts[0])
+        assert all(state(m).values()) and calls == [m.opts[0]]
+    finally:
+        setattr(cls, name, ORIGINAL[(flavour, name)])
+        toggleshim.install()
 
 
 def test_reload_never_stacks_and_uninstall_still_restores(flavour: str) -> None:
@@ -800,7 +840,7 @@ def test_context_manager_original_is_refused(flavour: str) -> None:
     toggle_optimizer.__wrapped__.__module__ = original.__module__
     toggle_optimizer.__qualname__, toggle_optimizer.__module__ = original.__qualname__, original.__module__
     messages = _with_replaced(flavour, toggle_optimizer)
-    assert messages and "context manager" in messages[0]
+    assert messages and "toggle_optimizer was already wrapped by someone else" in messages[0]
 
 
 # versions no longer decide: tests/test_gate.py (code identity, the fallback)

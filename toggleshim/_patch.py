@@ -10,7 +10,8 @@ left untouched with a warning.
 Rules (see STYLE.md): read and write the raw class ``__dict__``; recognise Lightning's own function
 before replacing it (never wrap somebody else's wrapper); mark the replacement with a sentinel that
 points at the exact original, so ``install()`` is idempotent and ``uninstall()`` restores the very same
-object, also after ``importlib.reload(toggleshim)``.
+object, also after ``importlib.reload(toggleshim)``; and with a weak reference to itself, so that
+someone else's wrapper carrying a copy of the marks (``functools.wraps`` copies ``__dict__``) is theirs.
 """
 
 import contextlib
@@ -20,6 +21,7 @@ import inspect
 import sys
 import types
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
@@ -34,6 +36,7 @@ from toggleshim._toggle import Toggle, _keep_dynamo_out, _open_statement_toggle
 __all__ = ["ToggleshimWarning", "install", "is_installed", "uninstall"]
 
 _SENTINEL = "_toggleshim_original"
+_SELF = "_toggleshim_self"  # a weak reference to the method itself: a copy of its __dict__ is not ours
 _MODE = "_toggleshim_mode"  # on our toggle_optimizer: "shim" (verified code) or "fallback"
 _PATCHED = ("toggle_optimizer", "untoggle_optimizer")
 _OUR_FLAGS = ("zero_grad", "step", "sync_grad")
@@ -142,10 +145,12 @@ def _foreign_reason(flavour: _Flavour, name: str, fn: Any) -> str | None:
     if not inspect.isfunction(core):
         return f"{name} is not a plain function ({type(fn).__name__})"
     where = f"{core.__module__}.{core.__qualname__}"
+    if hasattr(core, "__wrapped__"):  # functools.wraps copies the name of what it wraps: say so first
+        return f"{name} was already wrapped by someone else (over {where})"
     if core.__qualname__ != f"LightningModule.{name}" or not core.__module__.startswith(flavour.name):
         return f"{name} was already replaced by someone else ({where})"
-    if hasattr(core, "__wrapped__") or inspect.isgeneratorfunction(core):
-        return f"{name} is already wrapped or returns a context manager ({where})"
+    if inspect.isgeneratorfunction(core):
+        return f"{name} is a generator function ({where})"
     params = list(inspect.signature(core).parameters.values())
     extra = [p for p in params[2:] if p.default is inspect.Parameter.empty or p.name in _OUR_FLAGS]
     if [p.name for p in params[:2]] != ["self", "optimizer"] or extra:
@@ -255,8 +260,20 @@ def _finish(replacement: Callable[..., Any], original: Any, mode: str) -> Callab
     replacement.__qualname__ = f"LightningModule.{replacement.__name__}"
     patched = _marked_like(original, replacement)
     setattr(patched, _SENTINEL, original)
+    setattr(patched, _SELF, weakref.ref(patched))
     setattr(patched, _MODE, mode)
     return patched
+
+
+def _original_of(fn: Any) -> Any:
+    """The original ``fn`` replaced when ``fn`` is one of toggleshim's methods, else None.
+
+    Not ``hasattr(fn, _SENTINEL)``: ``functools.wraps`` copies ``__dict__``, so someone else's patch
+    over ours carries our sentinel too (and a proxy such as wrapt's forwards it); only ours is the
+    object its own weak reference points at.
+    """
+    ref = getattr(fn, _SELF, None)
+    return getattr(fn, _SENTINEL, None) if isinstance(ref, weakref.ref) and ref() is fn else None
 
 
 def _make_fallback(flavour: _Flavour) -> Callable[..., Any]:
@@ -288,7 +305,7 @@ def _install(trust_unknown: bool) -> None:
         sys.meta_path.insert(0, _ImportHook())
     for flavour in _flavours():
         cls_dict = vars(flavour.module_cls)
-        if hasattr(cls_dict.get("toggle_optimizer"), _SENTINEL):
+        if _original_of(cls_dict.get("toggle_optimizer")) is not None:
             continue
         # One of our methods left alone (uninstall() ran while someone else's patch wrapped it, and
         # that patch was undone since) counts as the original it points at: judged and replaced as such.
@@ -314,7 +331,7 @@ def _install(trust_unknown: bool) -> None:
                 stacklevel=3,
             )
             setattr(flavour.module_cls, _PATCHED[0], _make_fallback(found))
-            if hasattr(cls_dict["untoggle_optimizer"], _SENTINEL):  # the fallback keeps Lightning's own
+            if _original_of(cls_dict["untoggle_optimizer"]) is not None:  # the fallback keeps Lightning's own
                 setattr(flavour.module_cls, _PATCHED[1], originals["untoggle_optimizer"])
             continue
         for name, make in (("toggle_optimizer", _make_toggle), ("untoggle_optimizer", _make_untoggle)):
@@ -327,7 +344,7 @@ def uninstall() -> None:
         sys.meta_path.remove(hook)
     for flavour in _flavours():
         for name in _PATCHED:
-            original = getattr(vars(flavour.module_cls).get(name), _SENTINEL, None)
+            original = _original_of(vars(flavour.module_cls).get(name))
             if original is not None:
                 setattr(flavour.module_cls, name, original)
 
@@ -342,14 +359,14 @@ def is_installed() -> bool:
 def _mode(flavour: _Flavour) -> str | None:
     """"shim", "fallback", or None (not patched by toggleshim)."""
     fn = vars(flavour.module_cls).get("toggle_optimizer")
-    return getattr(fn, _MODE, None) if hasattr(fn, _SENTINEL) else None
+    return getattr(fn, _MODE, None) if _original_of(fn) is not None else None
 
 
 def _unpatched(flavour: _Flavour) -> _Flavour:
     """``flavour`` as it would be without toggleshim: each method of ours replaced, in a stand-in
     class, by the original it points at (the real class is not touched)."""
     cls_dict = vars(flavour.module_cls)
-    originals = {name: getattr(cls_dict[name], _SENTINEL, cls_dict[name]) for name in _PATCHED if name in cls_dict}
+    originals = {name: _original_of(cls_dict[name]) or cls_dict[name] for name in _PATCHED if name in cls_dict}
     return _Flavour(flavour.name, flavour.distribution, type("Probe", (), originals), flavour.optimizer_cls)
 
 
