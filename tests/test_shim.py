@@ -789,6 +789,39 @@ def test_block_inside_a_compiled_function(flavour: str) -> None:
     assert torch.allclose(module.a.weight, ref.a.weight)
 
 
+@pytest.mark.parametrize("module_name", ["toggleshim._toggle", "toggleshim._patch"])
+def test_torch_compile_runs_the_core_eagerly(module_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_keep_dynamo_out`` hands dynamo every code object of the module's functions, methods and the
+    functions nested in them (lambdas and comprehensions too), and nothing of other modules: the list
+    is read from the module's source file, independently of how the namespace is walked."""
+    import ast
+
+    module = importlib.import_module(module_name)
+    skipped: list[Any] = []
+    monkeypatch.setattr("torch._dynamo.eval_frame.skip_code", skipped.append)
+    from toggleshim._toggle import _keep_dynamo_out
+
+    _keep_dynamo_out(vars(module))
+    assert {code.co_filename for code in skipped} == {module.__file__}  # nothing of another module
+    source = ast.parse(inspect.getsource(module))
+    for node in ast.walk(source):  # what only type checkers see is never defined
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            node.body = []
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+             ast.GeneratorExp)
+    # every function in the file, by (first line, name); a comprehension or lambda only inside a function
+    in_functions = {n for f in ast.walk(source) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    for n in ast.walk(f) if isinstance(n, kinds)}
+    names = {ast.ListComp: "<listcomp>", ast.SetComp: "<setcomp>", ast.DictComp: "<dictcomp>",
+             ast.GeneratorExp: "<genexpr>", ast.Lambda: "<lambda>"}
+    # a code object's first line is its first decorator's
+    expected = {(min([n.lineno] + [d.lineno for d in getattr(n, "decorator_list", [])]), names.get(type(n)) or n.name)
+                for n in in_functions}  # type: ignore[attr-defined]
+    got = {(code.co_firstlineno, code.co_name) for code in skipped}
+    assert got >= expected, sorted(expected - got)
+    assert len(expected) > 20
+
+
 # never patch blindly
 
 

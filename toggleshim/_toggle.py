@@ -768,7 +768,7 @@ def _keep_dynamo_out(namespace: dict[str, Any]) -> None:
         from torch._dynamo.eval_frame import skip_code
     except Exception:  # pragma: no cover - a torch without dynamo
         return
-    module = namespace["__name__"]
+    file = namespace["__file__"]
 
     def codes(code: Any) -> Any:
         yield code
@@ -779,10 +779,15 @@ def _keep_dynamo_out(namespace: dict[str, Any]) -> None:
     for value in list(namespace.values()):
         members = vars(value).values() if isinstance(value, type) else (value,)
         for member in members:
-            fn = getattr(member, "__func__", member)
-            if getattr(fn, "__module__", None) == module and hasattr(fn, "__code__"):
-                for code in codes(fn.__code__):
-                    skip_code(code)
+            parts = (member.fget, member.fset, member.fdel) if isinstance(member, property) else (member,)
+            for part in parts:
+                fn = getattr(part, "__func__", part)
+                fn = getattr(fn, "__wrapped__", fn)  # under functools.wraps (a contextmanager): ours
+                code = getattr(fn, "__code__", None)
+                # by file, not __module__: a wrapper made elsewhere (contextlib's, for one) says ours
+                if getattr(code, "co_filename", None) == file:
+                    for inner in codes(code):
+                        skip_code(inner)
 
 
 _keep_dynamo_out(globals())
