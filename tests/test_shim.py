@@ -770,6 +770,33 @@ def test_compile_marking_of_the_original_is_kept(flavour: str) -> None:
         toggleshim.install()
 
 
+def test_someone_elses_functools_wraps_patch_over_a_compile_marked_original_is_theirs(flavour: str) -> None:
+    """Lightning's newest source marks its toggle with ``torch.compiler.disable``; a library's
+    ``functools.wraps`` patch over that copies torch's marks too. It is someone else's patch: left in
+    place with a warning, not unwrapped to Lightning's function and replaced."""
+    cls = pl(flavour).LightningModule
+    toggleshim.uninstall()
+    marked = torch.compiler.disable(ORIGINAL[(flavour, "toggle_optimizer")])
+
+    @functools.wraps(marked)
+    def theirs(self: Any, optimizer: Any) -> Any:
+        return marked(self, optimizer)
+
+    assert theirs._torchdynamo_disable and theirs._torchdynamo_orig_callable is ORIGINAL[(flavour, "toggle_optimizer")]
+    try:
+        cls.toggle_optimizer = theirs
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            toggleshim.install()
+        (msg,) = [str(w.message) for w in caught if issubclass(w.category, ToggleshimWarning)]
+        assert "toggle_optimizer was already wrapped by someone else" in msg, msg
+        assert vars(cls)["toggle_optimizer"] is theirs and not toggleshim.is_installed()
+    finally:
+        toggleshim.uninstall()
+        cls.toggle_optimizer = ORIGINAL[(flavour, "toggle_optimizer")]
+        toggleshim.install()
+
+
 def test_block_inside_a_compiled_function(flavour: str) -> None:
     module = three_heads(flavour)
     ref = three_heads(flavour)

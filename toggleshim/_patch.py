@@ -129,8 +129,13 @@ def _hooks() -> list[Any]:
 
 
 def _core(fn: Any) -> Any:
-    """The plain function under a ``torch.compiler.disable`` marking, else ``fn``."""
-    if getattr(fn, "_torchdynamo_disable", False):
+    """The plain function under a ``torch.compiler.disable`` marking, else ``fn``.
+
+    Only under torch's own wrapper: ``functools.wraps`` copies the marks onto someone else's wrapper
+    too; torch tells its own by ``_torchdynamo_wrapper_id == id(wrapper)`` (where a torch sets no
+    such id, the marks are trusted).
+    """
+    if getattr(fn, "_torchdynamo_disable", False) and getattr(fn, "_torchdynamo_wrapper_id", id(fn)) == id(fn):
         return getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", fn)
     return fn
 
