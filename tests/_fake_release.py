@@ -56,11 +56,21 @@ def method_copy(fn: Any, edits: tuple[tuple[str, str], ...] = (), decorate: str 
         source = source.replace(old, new, 1)
     if decorate:
         source = f"@{decorate}\n{source}"
-    _count[0] += 1
-    path = _directory() / f"release_copy_{_count[0]}.py"
-    path.write_text(source)
-    namespace = dict(fn.__globals__)
-    exec(compile(source, str(path), "exec"), namespace)
+    return function_like(fn, source, fn.__globals__)
+
+
+def function_like(fn: Any, source: str, namespace: dict[str, Any], readable: bool = True) -> Any:
+    """The function ``source`` defines, named as ``fn`` (qualname and module), run in a copy of
+    ``namespace``; compiled from a real file (``inspect.getsource`` reads it) unless not ``readable``
+    (then it has no source, as in a ``.pyc``-only install)."""
+    filename = "<no source>"
+    if readable:
+        _count[0] += 1
+        path = _directory() / f"release_copy_{_count[0]}.py"
+        path.write_text(source)
+        filename = str(path)
+    namespace = dict(namespace)
+    exec(compile(source, filename, "exec"), namespace)
     copy = namespace[fn.__name__]
     core = getattr(copy, "__wrapped__", copy)
     for f in {id(copy): copy, id(core): core}.values():
