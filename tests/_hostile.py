@@ -55,13 +55,15 @@ class Interrupter:
     def _line(self, frame: Any, event: str, arg: Any) -> Any:
         if event == "line":
             self.lines += 1
-            here = (frame.f_code.co_filename, frame.f_lineno)
-            if not self.k and self.site is None:
-                self.sites.append(here)
-            if self.lines == self.k or here == self.site:
+            # the (file, line) pair only where it is needed: not when interrupting at the k-th line
+            if self.lines == self.k or (
+                self.site is not None and (frame.f_code.co_filename, frame.f_lineno) == self.site
+            ):
                 self.where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} ({frame.f_code.co_name})"
                 self.raised = KeyboardInterrupt(self.where)
                 raise self.raised
+            if not self.k and self.site is None:
+                self.sites.append((frame.f_code.co_filename, frame.f_lineno))
         return self._line
 
 
