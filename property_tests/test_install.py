@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import sys
 import types
@@ -47,15 +48,19 @@ for _name in ("lightning.pytorch", "pytorch_lightning"):
         importlib.import_module(_name)
 
 
-def _foreign(previous: Any, name: str, style: str) -> Any:
+def _foreign(previous: Any, name: str, style: str, flavour: str) -> Any:
     """Someone else's patch: a plain wrapper of what the class held (as a callback library writes),
-    or one made with ``functools.wraps`` (which copies the name, ``__dict__`` and torch's marks)."""
+    one made with ``functools.wraps`` (which copies the name, ``__dict__`` and torch's marks), or one
+    defined in another module of the flavour itself, under another name."""
     def patched(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         return previous(self, optimizer, *args, **kwargs)
 
     if style == "wraps":
         return functools.wraps(previous)(patched)
     patched.__name__ = patched.__qualname__ = f"their_{name}"
+    if style.startswith("in "):  # e.g. "in Callback": sorts before "LightningModule", "in Patches" after
+        patched.__qualname__ = f"{style[3:]}.{name}"
+        patched.__module__ = f"{flavour}.utilities.patches"
     return patched
 
 
@@ -80,7 +85,9 @@ def _release_method(draw: st.DrawFn, fn: Any, key: tuple[str, str]) -> tuple[str
     if code == "unreadable":
         source = f"def {fn.__name__}(self, optimizer):\n    return ORIGINAL(self, optimizer)\n"
         return code, function_like(fn, source, {"ORIGINAL": fn}, readable=False)
-    first, second = draw(st.sampled_from(_FIRST), label="first"), draw(st.sampled_from(_SECOND), label="second")
+    first, second = "self", "optimizer"  # as often as not, only the extra parameters differ
+    if draw(st.booleans(), label="renamed"):
+        first, second = draw(st.sampled_from(_FIRST), label="first"), draw(st.sampled_from(_SECOND), label="second")
     extras = draw(st.lists(st.sampled_from(_EXTRAS), unique=True, min_size=(first, second) == ("self", "optimizer")),
                   label="extra parameters")
     parameters = ", ".join([first, second, *sorted(extras, key=_EXTRAS.index)])
@@ -202,8 +209,10 @@ class InstallMachine(RuleBasedStateMachine):
     def _check_warnings(self, caught: list[warnings.WarningMessage], warned: dict[str, str]) -> None:
         texts = [str(w.message) for w in caught if issubclass(w.category, toggleshim.ToggleshimWarning)]
         assert len(texts) == len(warned), (texts, warned)
-        for words in warned.values():  # one each, saying which flavour and why
-            assert [t for t in texts if words in t], (words, texts)
+        for name, words in warned.items():  # one each, saying which flavour (and release) and why
+            dist = next(f.distribution for f in self.flavours if f.name == name)
+            assert [t for t in texts if words in t and f"{dist} {importlib.metadata.version(dist)} ({name})" in t], (
+                words, texts)
 
     # -- rules --
     @rule()
@@ -230,8 +239,8 @@ class InstallMachine(RuleBasedStateMachine):
 
     def patch(self, cls: type, key: tuple[str, str], data: st.DataObject) -> None:
         previous = vars(cls)[key[1]]
-        style = data.draw(st.sampled_from(["plain", "wraps"]), label="their patch")
-        theirs = _foreign(previous, key[1], style)
+        style = data.draw(st.sampled_from(["plain", "wraps", "in Callback", "in Patches"]), label="their patch")
+        theirs = _foreign(previous, key[1], style, key[0])
         setattr(cls, key[1], theirs)
         self.foreign.setdefault(key, []).append((theirs, previous, self.held[key], self.style.get(key)))
         self.held[key], self.style[key] = "foreign", style
