@@ -320,6 +320,8 @@ class InstallMachine(RuleBasedStateMachine):
             else:
                 assert fn is self.foreign[key][-1][0], f"{key}: someone else's patch was replaced"
         assert len(_patch._hooks()) == int(self.hooked), "not exactly one import hook while installed"
+        if self.hooked:  # first, so that it sees a flavour's import before any finder that would find it
+            assert isinstance(sys.meta_path[0], _patch._ImportHook), sys.meta_path
 
     @invariant()
     def is_installed_and_check_say_the_state(self) -> None:
