@@ -141,9 +141,8 @@ class InstallMachine(RuleBasedStateMachine):
             toggleshim.install()  # the shim or the fallback toggle, as install() makes them
             ours = {key: vars(cls)[key[1]] for key, cls in self._classes()}
             toggleshim.uninstall()
-            _patch._install(True)  # the shim's untoggle, also where the code is not verified
-            ours.update({key: vars(cls)[key[1]] for key, cls in self._classes() if key[1] == "untoggle_optimizer"})
-            toggleshim.uninstall()
+            with _patch._trusting():  # the shim's untoggle, also where the code is not verified
+                ours.update({key: vars(cls)[key[1]] for key, cls in self._classes() if key[1] == "untoggle_optimizer"})
         for key, cls in self._classes():
             made = _patch._original_of(ours[key]) is not None  # not where install() refuses the flavour
             can = ["lightning", "foreign"] + ["ours", "foreign over ours"] * made
