@@ -131,9 +131,10 @@ class InstallMachine(RuleBasedStateMachine):
             self.code[key], self.lightning[key] = data.draw(_release_method(self.real[key], key))
             setattr(cls, key[1], self.lightning[key])
         self.held = {key: "lightning" for key in self.lightning}  # the model
-        self.mode = {f.name: "shim" for f in self.flavours}  # of toggleshim's toggle, where it is held
-        self.foreign: dict[tuple[str, str], list[Any]] = {}  # what each foreign patch replaced
-        self.style: dict[tuple[str, str], str] = {}  # of the foreign patch held
+        self.trusting = False  # inside toggleshim check's context
+        # each foreign patch: (it, what it replaced, the model's word for that, its style); the last
+        # one is the patch the class holds, where the model says "foreign"
+        self.foreign: dict[tuple[str, str], list[Any]] = {}
         self.hooked = False
         self.modules = {f.name: _module(f) for f in self.flavours}
         with warnings.catch_warnings():
@@ -150,9 +151,6 @@ class InstallMachine(RuleBasedStateMachine):
             if start in ("ours", "foreign over ours"):
                 setattr(cls, key[1], ours[key])
                 self.held[key] = "ours"
-                if key[1] == "toggle_optimizer":  # as install() made it: the code decides
-                    unverified = any(self.code[key[0], n] in ("changed", "unreadable") for n in _METHODS)
-                    self.mode[key[0]] = "fallback" if unverified else "shim"
             if start.startswith("foreign"):
                 self.patch(cls, key, data)
         if data.draw(st.booleans(), label="the import hook at the start"):  # left by `import toggleshim`
@@ -167,7 +165,7 @@ class InstallMachine(RuleBasedStateMachine):
         on the flavour as it would be without toggleshim."""
         for n in _METHODS:
             if self.held[name, n] == "foreign":
-                how = "wrapped" if self.style[name, n] == "wraps" else "replaced"
+                how = "wrapped" if self.foreign[name, n][-1][3] == "wraps" else "replaced"
                 return "refuse", f"{n} was already {how} by someone else"
             if self.code[name, n] == "signature":
                 return "refuse", f"{n} has a signature the shim does not know"
@@ -181,6 +179,12 @@ class InstallMachine(RuleBasedStateMachine):
                                 f"(fingerprints {prints[0][:12]}, {prints[1][:12]}; ")  # type: ignore[index]
         seen = KNOWN[tuple(prints)]  # type: ignore[index]
         return "shim", f"toggle code verified: identical to {len(seen)} verified release(s), {seen[0]} to {seen[-1]}"
+
+    def mode(self, name: str) -> str:
+        """Of toggleshim's toggle on the flavour, where the class holds it: the fallback on code not
+        verified, unless ``toggleshim check`` made it (its context restores what was there before)."""
+        unverified = any(self.code[name, n] in ("changed", "unreadable") for n in _METHODS)
+        return "fallback" if unverified and not self.trusting else "shim"
 
     def _install_model(self, trust: bool = False) -> dict[str, str]:
         """What ``install()`` does, by the model; the warning each flavour gets (words of it)."""
@@ -197,11 +201,9 @@ class InstallMachine(RuleBasedStateMachine):
                 self.held[f.name, "toggle_optimizer"] = "ours"
                 if self.held[f.name, "untoggle_optimizer"] == "ours":
                     self.held[f.name, "untoggle_optimizer"] = "lightning"  # the fallback keeps Lightning's
-                self.mode[f.name] = "fallback"
                 continue
             for n in _METHODS:
                 self.held[f.name, n] = "ours"
-            self.mode[f.name] = "shim"
         self.hooked = True
         return warned
 
@@ -241,8 +243,8 @@ class InstallMachine(RuleBasedStateMachine):
         style = data.draw(st.sampled_from(["plain", "wraps", "in Callback", "in Patches"]), label="their patch")
         theirs = _foreign(previous, key[1], style, key[0])
         setattr(cls, key[1], theirs)
-        self.foreign.setdefault(key, []).append((theirs, previous, self.held[key], self.style.get(key)))
-        self.held[key], self.style[key] = "foreign", style
+        self.foreign.setdefault(key, []).append((theirs, previous, self.held[key], style))
+        self.held[key] = "foreign"
 
     @precondition(lambda self: any(self.foreign.values()))
     @rule(data=st.data())
@@ -251,12 +253,10 @@ class InstallMachine(RuleBasedStateMachine):
         key = data.draw(st.sampled_from(sorted(k for k, v in self.foreign.items() if v)), label="method")
         if self.held[key] != "foreign":
             return  # replaced since (uninstall leaves a foreign method; install never replaces one)
-        _, previous, held, style = self.foreign[key].pop()
+        _, previous, held, _ = self.foreign[key].pop()
         cls = next(f.module_cls for f in self.flavours if f.name == key[0])
         setattr(cls, key[1], previous)
         self.held[key] = held
-        if style is not None:
-            self.style[key] = style
 
     @rule(data=st.data(), then_import=st.booleans())
     def toggleshim_check_trusts(self, data: st.DataObject, then_import: bool) -> None:
@@ -268,14 +268,14 @@ class InstallMachine(RuleBasedStateMachine):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with _patch._trusting():
-                saved, mode, hooked = dict(self.held), dict(self.mode), self.hooked
+                saved, hooked, self.trusting = dict(self.held), self.hooked, True
                 for key, held in self.held.items():
                     if held == "ours":
                         self.held[key] = "lightning"
                 warned = self._install_model(trust=True)
                 self.check_objects()
                 self.is_installed_and_check_say_the_state()
-                self.held, self.mode, self.hooked = saved, mode, hooked
+                self.held, self.hooked, self.trusting = saved, hooked, False
         self._check_warnings(caught, warned)
         assert {key: vars(cls)[key[1]] for key, cls in self._classes()} == before
         assert all(vars(cls)[key[1]] is before[key] for key, cls in self._classes())
@@ -324,7 +324,7 @@ class InstallMachine(RuleBasedStateMachine):
 
     @invariant()
     def is_installed_and_check_say_the_state(self) -> None:
-        modes = [self.mode[f.name] if self.held[f.name, "toggle_optimizer"] == "ours" else "untouched"
+        modes = [self.mode(f.name) if self.held[f.name, "toggle_optimizer"] == "ours" else "untouched"
                  for f in self.flavours]
         assert toggleshim.is_installed() == all(m == "shim" for m in modes)
         for f, mode in zip(self.flavours, modes):
