@@ -16,6 +16,7 @@ import toggleshim  # noqa: F401  (installs the shim)
 from toggleshim.testing import (
     FLAT_EXAMPLES,
     NESTED_EXAMPLES,
+    USER_CLASS_EXAMPLES,
     Backward,
     Block,
     EditRecord,
@@ -45,6 +46,20 @@ def test_flat_programs_equal_manual_sequence_and_model(flavour: str, spec: World
 @given(spec=worlds(nesting=True))
 @_examples(NESTED_EXAMPLES)
 def test_nested_programs_follow_the_model(flavour: str, spec: WorldSpec) -> None:
+    assert_toggle_equivalent(spec, flavour)
+
+
+@given(spec=worlds(nesting=False, user_class=True))
+@_examples(tuple(s for s in USER_CLASS_EXAMPLES if not s.nested))
+def test_user_classes_flat_programs_equal_manual_sequence_with_their_methods(flavour: str, spec: WorldSpec) -> None:
+    """The module's class overrides toggle/untoggle_optimizer (drawn): the block is the manual sequence
+    written with the module's own methods, bitwise, and the model with the overrides at every point."""
+    assert_toggle_equivalent(spec, flavour)
+
+
+@given(spec=worlds(nesting=True, user_class=True))
+@_examples(tuple(s for s in USER_CLASS_EXAMPLES if s.nested))
+def test_user_classes_nested_programs_follow_the_model(flavour: str, spec: WorldSpec) -> None:
     assert_toggle_equivalent(spec, flavour)
 
 

@@ -421,9 +421,10 @@ _BETWEEN = st.sampled_from(["nothing", "nothing", "untoggled", "another toggle",
 @given(spec=worlds(nesting=False, faults=False, hostile=False), between=_BETWEEN, data=st.data())
 def test_a_toggle_is_entered_where_it_is_made(flavour: str, spec: WorldSpec, between: str, data: st.DataObject) -> None:
     """``t = self.toggle_optimizer(opt)`` then ``with t:``, at the top or inside a block. Entered
-    right away, it is the block (Lightning's toggle inside, everything back after). If between the two
-    it was untoggled, superseded by another toggle or a block, or its record was replaced (even by an
-    equal copy), ``with t:`` is a RuntimeError that says so and changes nothing. Entered again after
+    right away, or after a block that nested in it, it is the block (Lightning's toggle inside,
+    everything back after). If between the two it was untoggled, superseded by another toggle, or its
+    record was replaced (even by an equal copy), ``with t:`` is a RuntimeError that says so and
+    changes nothing. Entered again after
     its block, it is a RuntimeError that says a toggle is single-use, and changes nothing."""
     bare = dataclasses.replace(spec, program=())
     world, twin = build_world(bare, flavour), build_world(bare, flavour)
@@ -447,9 +448,9 @@ def test_a_toggle_is_entered_where_it_is_made(flavour: str, spec: WorldSpec, bet
         elif between == "record copied":
             module._param_requires_grad_state = dict(module._param_requires_grad_state)
         before, record, stack = _rg(world), module.__dict__.get("_param_requires_grad_state"), _open(world)
-        # A block opened and closed inside the outer block is nested in t and gives t back its record;
-        # at the top it is Lightning's flat nesting over a pending toggle, whose exit empties the record.
-        enters = between == "nothing" or (between == "a block" and inside)
+        # A block opened and closed while t is open (inside the outer block, or at the top where t is
+        # an open statement toggle) is nested in t and gives t back its record.
+        enters = between in ("nothing", "a block")
         if enters:
             if not inside:  # Lightning's toggle (inside a block: the nesting rule, test_equivalence.py)
                 ManualDriver.for_flavour(flavour).toggle(twin, k)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -90,7 +91,7 @@ class ToggleMachine(RuleBasedStateMachine):
         cannot be made or entered, or later cannot be left (``"sync_exit"``, whatever closes it)."""
         k = self.k(data)
         if self.pending_statement():
-            return  # a block over a pending statement toggle is Lightning's flat nesting (see README)
+            return  # a block inside a pending statement toggle nests in it: test_equivalence.py draws it
         if (fail in SYNC_FAULTS and sync_grad) or (fail == "zero_grad" and not zero_grad):
             fail = None  # a fault of a call the block does not make
         toggle = self.world.module.toggle_optimizer(
@@ -128,7 +129,11 @@ class ToggleMachine(RuleBasedStateMachine):
         never replaced, ``__exit__`` returns False)."""
         top = self.blocks.pop()
         sync_error = top.fault == "sync_exit"
-        if how == "clean":
+        refused = how in ("clean", "failing step") and self.model.refuses_step(top.frame, top.step, True)
+        if refused:  # its optimizer stepped inside it (a nested block over it): no second step
+            with pytest.raises(RuntimeError, match=r"step\(\) ran inside"):
+                top.toggle.__exit__(None, None, None)
+        elif how == "clean":
             try:
                 assert top.toggle.__exit__(None, None, None) is False
             except InjectedFault as exc:
@@ -154,6 +159,8 @@ class ToggleMachine(RuleBasedStateMachine):
             exc = InjectedFault("body") if how == "error" else KeyboardInterrupt()
             assert top.toggle.__exit__(type(exc), exc, None) is False  # never swallowed, never replaced
         self.model.exit(top.frame)
+        if how == "clean" and top.step and not refused:
+            self.model.stepped(top.k)  # an enclosing block over the same optimizer has seen it step
         self.sync += expected_sync(top.sync_grad, False, top.fault)
         assert repr(top.toggle).startswith("<toggleshim.Toggle closed"), repr(top.toggle)
         self.used = [*self.used[-2:], top.toggle]
@@ -457,10 +464,16 @@ class ToggleMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         while getattr(self, "blocks", None):  # leave no block open on the module
             top = self.blocks.pop()
+            refused = self.model.refuses_step(top.frame, top.step, True)
             try:
                 top.toggle.__exit__(None, None, None)
             except InjectedFault:
                 assert top.fault == "sync_exit"
+            except RuntimeError as exc:  # its optimizer stepped inside it: no second step
+                assert refused and "step() ran inside" in str(exc)
+            self.model.exit(top.frame)
+            if top.step and not refused:
+                self.model.stepped(top.k)
 
 
 # One machine per flavour under test (``TOGGLESHIM_FLAVOUR`` narrows it, as everywhere).

@@ -22,7 +22,7 @@ from _fixtures import pl, state, three_heads
 from hypothesis import given, settings
 
 import toggleshim
-from toggleshim import _fallback, _patch
+from toggleshim import _fallback, _ours, _patch
 from toggleshim._fingerprint import fingerprint_function
 from toggleshim._known import KNOWN
 from toggleshim.testing import FLAT_EXAMPLES, ManualDriver, ShimDriver, build_world, compare_runs, run_program, worlds
@@ -317,9 +317,9 @@ def test_fallback_sync_grad_false_blocks_gradient_sync(flavour: str) -> None:
 
 def test_route_gives_the_typed_entry_point_the_fallback(flavour: str) -> None:
     module = three_heads(flavour)
-    assert _fallback.route(module) is None  # verified code: toggleshim.toggle is the shim's own
+    assert _ours.route(module) is None  # verified code: toggleshim.toggle is the shim's own
     with fake_release(flavour, changed=True):
-        fallback = _fallback.route(module)
+        fallback = _ours.route(module)
         assert fallback is not None
         with fallback(module, module.opts[0]) as opt:
             assert opt is module.opts[0] and not module.b.weight.requires_grad

@@ -6,10 +6,14 @@ Stand-in trainers here (fast, one toggle per assertion); real ``Trainer.fit`` ru
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
+import inspect
 import subprocess
 import sys
 import textwrap
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
@@ -178,6 +182,115 @@ def test_ctrl_c_before_exit_runs_closes_the_block(flavour: str) -> None:
         assert state(m) != before
     assert caught.value is inter.raised
     assert state(m) == before and not open_toggles(m)
+
+
+@pytest.mark.parametrize("way", ["ExitStack", "AsyncExitStack", "with"])
+def test_ctrl_c_at_the_first_line_of_the_exit_closes_the_block_every_way_in(flavour: str, way: str) -> None:
+    """``contextlib.ExitStack``/``AsyncExitStack.enter_context`` look ``__exit__`` up on the class; an
+    interrupt at the first line of the exit they call (the class-level function, or ``_exit`` itself)
+    leaves nothing open for good: the block closes when the exit the stack held is let go (with the
+    interrupt, once handled: the stack's frame in its traceback holds it)."""
+    m = three_heads(flavour, n_opt=3)
+    before = state(m)
+    codes = {_toggle.Toggle._exit.__code__, type(m.toggle_optimizer(m.opts[0])).__exit__.__code__}
+    m.untoggle_optimizer(m.opts[0])
+
+    class AtExit(Interrupter):
+        def _line(self, frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and frame.f_code in codes and self.raised is None:
+                self.raised = KeyboardInterrupt(f"line {frame.f_lineno} of {frame.f_code.co_name}")
+                raise self.raised
+            return self._line
+
+    async def in_async_stack() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            stack.enter_context(m.toggle_optimizer(m.opts[0]))
+            assert state(m) != before
+
+    def interrupted() -> bool:
+        with AtExit() as inter:
+            try:
+                if way == "ExitStack":
+                    with contextlib.ExitStack() as stack:
+                        stack.enter_context(m.toggle_optimizer(m.opts[0]))
+                        assert state(m) != before
+                elif way == "AsyncExitStack":
+                    asyncio.run(in_async_stack())
+                else:
+                    with m.toggle_optimizer(m.opts[0]):
+                        assert state(m) != before
+            except KeyboardInterrupt as caught:
+                return caught is inter.raised
+        return False
+
+    assert interrupted()  # the very interrupt came out; handled, it is let go
+    # The stack's frame, in the interrupt's traceback, held the exit it called: released with the
+    # interrupt (its traceback is a reference cycle: a collection frees it)
+    gc.collect()
+    assert state(m) == before and not open_toggles(m)
+    with m.toggle_optimizer(m.opts[1]):  # the next block is a flat one
+        assert m._param_requires_grad_state
+    assert state(m) == before
+
+
+def test_explicit_enter_and_exit_calls_keep_the_guarantees_with_a_retry(flavour: str) -> None:
+    """Called by hand, ``__exit__`` interrupted at its first line leaves the block open, and calling
+    ``__exit__`` again closes it (docs/guarantees.md: the exact scope)."""
+    m = three_heads(flavour, n_opt=3)
+    before = state(m)
+    block = m.toggle_optimizer(m.opts[0])
+    block.__enter__()
+    exit_fn = _toggle.Toggle._exit
+
+    class AtExit(Interrupter):
+        def _line(self, frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and frame.f_code is exit_fn.__code__ and self.raised is None:
+                self.raised = KeyboardInterrupt("first line")
+                raise self.raised
+            return self._line
+
+    exit_method = block.__exit__
+    with AtExit(), pytest.raises(KeyboardInterrupt):
+        exit_method(None, None, None)
+    assert open_toggles(m)  # still open: the caller holds the exit it called
+    block.__exit__(None, None, None)
+    assert state(m) == before and not open_toggles(m)
+
+
+def test_ctrl_c_in_the_gc_hook_is_delivered_again(flavour: str) -> None:
+    """A Ctrl-C landing inside the ``gc.callbacks`` hook's body is not lost to gc's "Exception ignored":
+    it comes out in the main thread once the collection is over."""
+    m = three_heads(flavour)
+    with m.toggle_optimizer(m.opts[0]):
+        pass  # a cache to drop
+    code = _toggle._drop_caches.__code__
+    lines, first = inspect.getsourcelines(_toggle._drop_caches)
+    inside = first + next(i for i, text in enumerate(lines) if 'if phase == "start"' in text)  # in the try
+    raised: list[KeyboardInterrupt] = []
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not code:
+            return None
+
+        def line(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and not raised and frame.f_lineno == inside:
+                raised.append(KeyboardInterrupt("in the gc hook"))
+                raise raised[0]
+            return line
+
+        return line
+
+    gc.collect()  # nothing left to die (and run a callback) while the interrupt is on its way
+    with pytest.raises(KeyboardInterrupt):
+        sys.settrace(tracer)
+        try:
+            gc.collect()
+        finally:
+            sys.settrace(None)
+        deadline = time.monotonic() + 10  # delivered from another thread once the collection is over
+        while time.monotonic() < deadline:
+            pass
+    assert raised  # it did land in the hook
 
 
 # -- failing writes: all or nothing --------------------------------------------------------------

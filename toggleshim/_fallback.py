@@ -12,7 +12,7 @@ that runs exactly what a user would write by hand around it::
         ...                           # the block
         opt.step()                    # on a clean exit, if step
     finally:
-        self.untoggle_optimizer(opt)  # that Lightning's own untoggle, on every exit
+        self.untoggle_optimizer(opt)  # the module's own untoggle (Lightning's, or an override), on every exit
 
 So a statement keeps that Lightning's exact behaviour (its toggle runs, ``untoggle_optimizer`` stays the
 original) and a block is, by construction, its manual sequence. The only thing that cannot be exact is
@@ -27,7 +27,9 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar
 
-__all__ = ["FallbackToggle", "make_fallback", "route"]
+from toggleshim._ours import FALLBACK_MARK, check_flags
+
+__all__ = ["FallbackToggle", "make_fallback"]
 
 _OptT = TypeVar("_OptT")
 _MADE, _OPEN, _CLOSED = 0, 1, 2
@@ -35,9 +37,6 @@ _MADE, _OPEN, _CLOSED = 0, 1, 2
 # id(module) -> its open fallback block. The block holds the module while open, so the id cannot be
 # reused meanwhile; every exit path removes the entry.
 _OPEN_BLOCKS: dict[int, FallbackToggle[Any]] = {}
-
-#: marks a fallback ``toggle_optimizer`` (``route`` finds it; the value: the Lightning it runs)
-FALLBACK_MARK = "_toggleshim_fallback"
 
 
 def _nesting_error(label: str) -> RuntimeError:
@@ -49,13 +48,6 @@ def _nesting_error(label: str) -> RuntimeError:
         "`python -m toggleshim check`, pin Lightning to a release toggleshim verified, and report this "
         "Lightning version to toggleshim."
     )
-
-
-def _check_flags(zero_grad: Any, step: Any, sync_grad: Any) -> None:
-    """The shim's one rule for flags (exactly ``True`` or ``False``), on this path too."""
-    from toggleshim._toggle import _check_flags as check  # here: _toggle imports this module
-
-    check(zero_grad=zero_grad, step=step, sync_grad=sync_grad)
 
 
 class FallbackToggle(Generic[_OptT]):
@@ -73,7 +65,7 @@ class FallbackToggle(Generic[_OptT]):
         module: Any,
         optimizer: _OptT,
         untoggle: Callable[[Any, Any], Any],
-        label: str,
+        label: str | None,
         zero_grad: bool,
         step: bool,
         sync: Any,
@@ -94,10 +86,11 @@ class FallbackToggle(Generic[_OptT]):
                 "`with self.toggle_optimizer(opt):` for each block; nothing was changed"
             )
         module = self._module
-        if id(module) in _OPEN_BLOCKS:  # made as a statement inside a block, entered there
-            raise _nesting_error(self._label)
+        if self._label is not None:  # a fallback block: Lightning's own nested toggles are not exact
+            if id(module) in _OPEN_BLOCKS:  # made as a statement inside a block, entered there
+                raise _nesting_error(self._label)
+            _OPEN_BLOCKS[id(module)] = self
         self._phase = _OPEN
-        _OPEN_BLOCKS[id(module)] = self
         try:
             if self._sync is not None:
                 context, self._sync = self._sync(), None  # left by _close only once entered:
@@ -133,7 +126,7 @@ class FallbackToggle(Generic[_OptT]):
             self._close()
 
     def _close(self) -> None:
-        """Lightning's own untoggle, then gradient sync resumed; lets go of everything."""
+        """The module's own untoggle, then gradient sync resumed; lets go of everything."""
         module, optimizer, untoggle, sync = self._module, self._optimizer, self._untoggle, self._sync
         self._phase = _CLOSED
         self._module = self._optimizer = self._untoggle = self._sync = None
@@ -153,15 +146,22 @@ class FallbackToggle(Generic[_OptT]):
 
     def __repr__(self) -> str:
         status = ("toggled", "open", "closed")[self._phase]
+        if self._label is None:
+            return f"<toggleshim.Toggle {status} (the module's own toggle_optimizer)>"
         return f"<toggleshim fallback toggle {status} on {self._label}>"
 
 
-def make_fallback(
-    original_toggle: Callable[..., Any], original_untoggle: Callable[..., Any], label: str
-) -> Callable[..., FallbackToggle[Any]]:
+def module_untoggle(module: Any, optimizer: Any) -> None:
+    """``module.untoggle_optimizer(optimizer)``: the module's own method, a subclass's override included
+    (on a flavour with the fallback, Lightning's own ``untoggle_optimizer`` stays in place)."""
+    module.untoggle_optimizer(optimizer)
+
+
+def make_fallback(original_toggle: Callable[..., Any], label: str) -> Callable[..., FallbackToggle[Any]]:
     """A ``toggle_optimizer`` for a flavour whose toggle code is unverified: ``original_toggle`` (the
-    flavour's own), a :class:`FallbackToggle` closing with ``original_untoggle``. ``label`` names the
-    Lightning in messages ("lightning 2.7.0 (lightning.pytorch)")."""
+    flavour's own), a :class:`FallbackToggle` closing with the module's own ``untoggle_optimizer`` (the
+    flavour's, or a subclass's override). ``label`` names the Lightning in messages ("lightning 2.7.0
+    (lightning.pytorch)")."""
 
     def toggle_optimizer(
         self: Any, optimizer: Any, zero_grad: bool = True, step: bool = True, sync_grad: bool = True
@@ -169,29 +169,13 @@ def make_fallback(
         """Lightning's own ``toggle_optimizer`` (its code is not one toggleshim verified); the result is
         also a context manager running Lightning's own sequence: zero_grad on entry, step on a clean
         exit, Lightning's ``untoggle_optimizer`` on every exit. Nested blocks raise an error."""
-        _check_flags(zero_grad, step, sync_grad)
+        check_flags(zero_grad=zero_grad, step=step, sync_grad=sync_grad)
         if id(self) in _OPEN_BLOCKS:
             raise _nesting_error(label)
         # read before toggling: a failing strategy changes nothing
         sync = None if sync_grad else getattr(self.trainer.strategy, "block_backward_sync", None)
         original_toggle(self, optimizer)
-        return FallbackToggle(self, optimizer, original_untoggle, label, bool(zero_grad), bool(step), sync)
+        return FallbackToggle(self, optimizer, module_untoggle, label, zero_grad, step, sync)
 
     setattr(toggle_optimizer, FALLBACK_MARK, label)
     return toggle_optimizer
-
-
-def route(module: Any) -> Callable[..., FallbackToggle[Any]] | None:
-    """The fallback ``toggle_optimizer`` installed on ``module``'s Lightning flavour, if that flavour's
-    toggle code is unverified, else None (then the shim's own toggle is exact there).
-
-    For ``toggleshim.toggle(self, opt)``: ``fb = route(self)``; if ``fb`` is not None, return
-    ``fb(self, opt, zero_grad, step, sync_grad)``. A subclass's own ``toggle_optimizer`` is skipped,
-    as ``toggle()`` skips it.
-    """
-    for cls in type(module).__mro__:
-        fn = vars(cls).get("toggle_optimizer")
-        fn = getattr(fn, "__wrapped__", fn) if not hasattr(fn, FALLBACK_MARK) else fn
-        if hasattr(fn, FALLBACK_MARK):
-            return fn
-    return None

@@ -21,7 +21,6 @@ import inspect
 import sys
 import types
 import warnings
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
@@ -31,13 +30,13 @@ from toggleshim import _toggle
 from toggleshim._fallback import make_fallback
 from toggleshim._fingerprint import fingerprint_function
 from toggleshim._known import KNOWN
-from toggleshim._toggle import Toggle, _keep_dynamo_out, _open_statement_toggle
+from toggleshim._ours import MODE as _MODE
+from toggleshim._ours import ORIGINAL as _SENTINEL  # noqa: F401  (tests read it here)
+from toggleshim._ours import mark, original_of
+from toggleshim._toggle import Toggle, _keep_dynamo_out, _untoggled
 
 __all__ = ["ToggleshimWarning", "install", "is_installed", "uninstall"]
 
-_SENTINEL = "_toggleshim_original"
-_SELF = "_toggleshim_self"  # a weak reference to the method itself: a copy of its __dict__ is not ours
-_MODE = "_toggleshim_mode"  # on our toggle_optimizer: "shim" (verified code) or "fallback"
 _PATCHED = ("toggle_optimizer", "untoggle_optimizer")
 _OUR_FLAGS = ("zero_grad", "step", "sync_grad")
 
@@ -251,12 +250,10 @@ def _make_toggle(original: Any) -> Callable[..., Any]:
 
 def _make_untoggle(original: Any) -> Callable[..., Any]:
     def untoggle_optimizer(self: Any, optimizer: Any) -> None:
-        """Lightning's ``untoggle_optimizer``; inside a toggleshim block it closes a nested statement toggle."""
-        nested = _open_statement_toggle(self, optimizer)
-        if nested is not None:
-            nested._untoggle_statement()
-            return
-        original(self, optimizer)
+        """Lightning's ``untoggle_optimizer``; inside a toggleshim block it closes a nested statement
+        toggle, and called by a block's exit (through a subclass's override) it closes that block."""
+        if not _untoggled(self, optimizer):
+            original(self, optimizer)
 
     return _finish(untoggle_optimizer, original, "shim")
 
@@ -264,27 +261,17 @@ def _make_untoggle(original: Any) -> Callable[..., Any]:
 def _finish(replacement: Callable[..., Any], original: Any, mode: str) -> Callable[..., Any]:
     replacement.__qualname__ = f"LightningModule.{replacement.__name__}"
     patched = _marked_like(original, replacement)
-    setattr(patched, _SENTINEL, original)
-    setattr(patched, _SELF, weakref.ref(patched))
-    setattr(patched, _MODE, mode)
+    mark(patched, original, mode)
     return patched
 
 
-def _original_of(fn: Any) -> Any:
-    """The original ``fn`` replaced when ``fn`` is one of toggleshim's methods, else None.
-
-    Not ``hasattr(fn, _SENTINEL)``: ``functools.wraps`` copies ``__dict__``, so someone else's patch
-    over ours carries our sentinel too (and a proxy such as wrapt's forwards it); only ours is the
-    object its own weak reference points at.
-    """
-    ref = getattr(fn, _SELF, None)
-    return getattr(fn, _SENTINEL, None) if isinstance(ref, weakref.ref) and ref() is fn else None
+_original_of = original_of  # the one rule for "ours": toggleshim/_ours.py
 
 
 def _make_fallback(flavour: _Flavour) -> Callable[..., Any]:
     cls_dict = vars(flavour.module_cls)
     original = cls_dict["toggle_optimizer"]
-    fallback = make_fallback(original, cls_dict["untoggle_optimizer"], _label(flavour))
+    fallback = make_fallback(original, _label(flavour))
     return _finish(fallback, original, "fallback")
 
 

@@ -27,16 +27,20 @@ block's exit paths), ``Toggle._user_view`` (the nesting rule).
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import gc
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter, is_, itemgetter
 from types import MethodType, TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
-from toggleshim._fallback import route
+from toggleshim._ours import check_flags as _check_flags
+from toggleshim._ours import describe as _describe
+from toggleshim._ours import overrides, route
 
 __all__ = ["Toggle", "toggle"]
 
@@ -45,7 +49,9 @@ _requires_grad = attrgetter("requires_grad")
 _RECORD = "_param_requires_grad_state"  # Lightning's name for the record, on the module
 _MISSING: Any = object()
 _new = object.__new__  # a Toggle is made without calling Toggle.__new__ (which toggles)
+_ref = weakref.ref
 _MADE, _OPEN, _CLOSED = 0, 1, 2  # a Toggle's phase: toggled (statement, or not entered yet), in its block, undone
+_UNTOGGLED = 3  # a statement toggle whose untoggle_optimizer ran: it holds nothing more
 
 
 
@@ -121,13 +127,22 @@ class _ModuleState:
     toggleshim) and with the module.
     """
 
-    __slots__ = ("layout", "module", "plans", "stack")
+    __slots__ = ("exiting", "flat", "flat_own", "flat_record", "layout", "module", "plans", "stack")
 
     def __init__(self, module: weakref.ref[Any]) -> None:
         self.module = module  # weak: a module's state never keeps it alive
         self.layout: list[Any] | None = None
         self.plans: dict[Any, _Plan] = {}
         self.stack: list[Toggle[Any]] = []
+        # The last flat toggle: the Toggle (weakly: let go of it at its untoggle, never kept alive),
+        # the id of the record it stored and which of the record's keys are its optimizer's (a block
+        # entered while that toggle is open as a statement nests inside it: ``Toggle._nest``).
+        self.flat: weakref.ref[Toggle[Any]] | None = None
+        self.flat_record = 0
+        self.flat_own: tuple[bool, ...] = ()
+        # The block whose exit is calling the module's own ``untoggle_optimizer`` (a subclass's
+        # override): toggleshim's untoggle, reached through ``super()``, closes that block.
+        self.exiting: Toggle[Any] | None = None
 
 
 # Keyed by id(module), valid while the module lives: its weak reference's callback drops the entry.
@@ -155,11 +170,19 @@ def _state(module: Any) -> _ModuleState:
 
 def _drop_caches(phase: str, info: dict[str, int]) -> None:
     """A full collection starts (``gc.collect()`` among them): every module drops its cache, so that no
-    parameter outlives a full collection because of toggleshim."""
-    if phase == "start" and info.get("generation") == 2:
-        for state in list(_STATES.values()):
-            state.layout = None
-            state.plans = {}
+    parameter outlives a full collection because of toggleshim.
+
+    Python's gc prints and drops whatever a callback raises ("Exception ignored"): a Ctrl-C landing in
+    this body is delivered again to the main thread, from another thread, once the collection is over
+    (delivered from here, it would land here again). One that lands on the call itself, before its
+    first line, is Python's to drop: docs/guarantees.md."""
+    try:
+        if phase == "start" and info.get("generation") == 2:
+            for state in list(_STATES.values()):
+                state.layout = None
+                state.plans = {}
+    except KeyboardInterrupt:
+        threading.Timer(0.001, _thread.interrupt_main).start()
 
 
 # One callback, also after importlib.reload of this module (which would add a second).
@@ -187,27 +210,6 @@ def _unwrap(optimizer: Any) -> Any:
 
 
 # -- validation and messages ---------------------------------------------------------------------
-
-
-def _describe(obj: Any) -> str:
-    """``module.Class (repr)`` for an error message; never raises (a broken ``__repr__`` is bad input too)."""
-    cls = type(obj)
-    try:
-        text = repr(obj)
-    except Exception:
-        text = "<repr failed>"
-    if len(text) > 80:
-        text = text[:77] + "..."
-    return f"{cls.__module__}.{cls.__qualname__} ({text})"
-
-
-def _check_flags(**flags: Any) -> None:
-    for flag, value in flags.items():
-        if type(value) is not bool:
-            raise TypeError(
-                f"toggle_optimizer(): {flag} must be True or False (a bool), got {_describe(value)}; "
-                "nothing was changed"
-            )
 
 
 def _is_optimizer(obj: Any) -> bool:
@@ -339,12 +341,13 @@ def _surely(fn: Callable[..., None], *args: Any) -> None:
         raise
 
 
-def _quietly(fn: Callable[..., None], *args: Any) -> None:
-    """``_surely(fn, *args)`` while an error is already in flight (an ``except`` clause, an exit with
-    the body's exception): the cleanup completes and its own errors are dropped, so that the error in
+def _quietly(fn: Callable[..., None], *args: Any, retry: bool = True) -> None:
+    """``_surely(fn, *args)`` (``retry=False``: ``fn(*args)``, for a cleanup that calls the user's code
+    once) while an error is already in flight (an ``except`` clause, an exit with the body's exception):
+    the cleanup completes and its own errors are dropped, so that the error in
     flight propagates unchanged; an interrupt during the cleanup still propagates."""
     with contextlib.suppress(Exception):
-        _surely(fn, *args)
+        _surely(fn, *args) if retry else fn(*args)
 
 
 def _lightning_untoggle(module: Any, opts: Sequence[Any], optimizer: Any, inner: Any) -> None:
@@ -380,6 +383,7 @@ class Toggle(Generic[_OptT]):
     """
 
     __slots__ = (
+        "__weakref__",
         "_entry",
         "_guard",
         "_inner",
@@ -388,12 +392,14 @@ class Toggle(Generic[_OptT]):
         "_module",
         "_nested",
         "_optimizer",
+        "_outer",
         "_phase",
         "_plan",
         "_prev_record",
         "_record",
         "_state",
         "_step",
+        "_stepped",
         "_sync",
         "_sync_exit",
         "_vals",
@@ -408,12 +414,16 @@ class Toggle(Generic[_OptT]):
     _module: Any
     _nested: bool
     _optimizer: _OptT | None
+    # flat, made while a statement toggle was open: (its record, the ids of its optimizer's parameters,
+    # which of the record's keys those are)
+    _outer: tuple[Any, frozenset[int], tuple[bool, ...]] | None
     _phase: int
     _plan: _Plan | None
     _prev_record: Any  # nested: the record to put back on leaving
     _record: dict[Any, bool] | None  # the record this toggle stored
     _state: _ModuleState | None
     _step: bool
+    _stepped: bool  # the block's optimizer stepped while the block was open (_note_step)
     _sync: Any  # sync_grad=False: the strategy's block_backward_sync, then the context it made
     _sync_exit: list[Callable[..., Any]] | None  # the entered context's __exit__, until it is called
     _vals: tuple[bool, ...] | None  # the user's view of every managed parameter (flat: the record's values)
@@ -435,9 +445,40 @@ class Toggle(Generic[_OptT]):
         live = {id(p) for p, mine in zip(self._managed, self._plan.own_mask) if mine}
         return tuple(n if id(p) in live else recorded.get(id(p), n) for p, n in zip(managed, now))
 
+    def _nest(self) -> None:
+        """Entered while a statement toggle of the module was open (``toggle_optimizer`` not yet
+        untoggled, or Lightning's ``toggled_optimizer``): the block nests inside it as inside a block.
+
+        The toggle made at the call was Lightning's flat one (a statement toggle inside a statement
+        toggle stays exactly Lightning's); entering turns it into the nested toggle from the user's view
+        (a parameter the statement left live shows its value at the call, one it froze what the
+        statement recorded), undone on leaving: the state found at the call comes back, and the
+        statement's record. Only the parameters of this block's optimizer whose view differs from what
+        the call left are written (what an override of ``toggle_optimizer`` did after ``super()`` stays)."""
+        assert self._outer is not None and self._managed is not None and self._plan is not None
+        assert self._state is not None and self._vals is not None
+        outer, live, own = self._outer
+        recorded = {id(p): v for p, v in outer.items()}
+        managed, found = self._managed, self._vals  # flat: the values found at the call
+        user = tuple(n if id(p) in live else recorded.get(id(p), n) for p, n in zip(managed, found))
+        write = [(p, want) for p, want, was, mine in zip(managed, user, found, self._plan.own_mask)
+                 if mine and want is not was]
+        # From here on, leaving restores what was found at the call, and the statement's record
+        self._entry, self._prev_record, self._nested = found, outer, True
+        self._state.stack.append(self)
+        self._state.flat_record, self._state.flat_own = id(outer), own  # the statement is the one open
+        self._vals, self._record = user, dict(zip(managed, user))
+        _assign([p for p, _ in write], [v for _, v in write])
+        self._module.__dict__[_RECORD] = self._record
+
     # -- the block ---------------------------------------------------------------------------
 
     def __enter__(self) -> _OptT:
+        if self._phase == _UNTOGGLED:
+            raise RuntimeError(
+                "this toggle was undone or superseded before its block started (untoggle_optimizer ran); "
+                "enter it where it is made: `with self.toggle_optimizer(opt):`; nothing was changed"
+            )
         if self._phase != _MADE:
             raise RuntimeError(
                 "this toggle was already used: a toggle object is single-use, write "
@@ -445,14 +486,22 @@ class Toggle(Generic[_OptT]):
             )
         state = self._state
         assert state is not None
-        if self._module.__dict__.get(_RECORD) is not self._record or (self._nested and state.stack[-1] is not self):
+        if self._module.__dict__.get(_RECORD) is not self._record or (
+            self._nested and (not state.stack or state.stack[-1] is not self)
+        ):
             raise RuntimeError(
                 "this toggle was undone or superseded before its block started; enter it where it is "
                 "made: `with self.toggle_optimizer(opt):`; nothing was changed"
             )
+        if self._step and not _STEP_HOOK:
+            _watch_steps()
+        if _LOOKED_UP:
+            _watch_class_exit(self)
         try:
             self._phase = _OPEN
-            if not self._nested:
+            if self._outer is not None:
+                self._nest()
+            elif not self._nested:
                 state.stack.append(self)
             if self._sync is not None:
                 # Without gradient sync (DDP micro-batches) the block runs inside the strategy's
@@ -464,7 +513,7 @@ class Toggle(Generic[_OptT]):
                 self._optimizer.zero_grad()  # type: ignore[union-attr]
             return self._optimizer  # type: ignore[return-value]
         except BaseException:
-            _quietly(self._close)
+            _quietly(self._leave, retry=False)  # the error in flight propagates (an interrupt too)
             raise
 
     if TYPE_CHECKING:
@@ -484,16 +533,18 @@ class Toggle(Generic[_OptT]):
             raise RuntimeError("this toggle's block is not open")
         try:
             if exc_type is None and self._step:
+                if self._stepped:
+                    raise _double_step(optimizer)
                 optimizer.step()  # type: ignore[attr-defined]
         except BaseException:
-            _quietly(self._close)  # step's error propagates, not one of the untoggle's
+            _quietly(self._leave, retry=False)  # step's error propagates, not one of the untoggle's
             raise
         # Already closed when an enclosing block that ended first unwound it (a generator holding a
         # block): its untoggle is done, _close does nothing more.
         if exc_type is None:
-            self._close()
+            self._leave()
         else:
-            _quietly(self._close)  # the body's exception propagates unchanged, not one of the untoggle's
+            _quietly(self._leave, retry=False)  # the body's exception propagates unchanged
         self._optimizer = None
         return False  # never swallow
 
@@ -505,9 +556,40 @@ class Toggle(Generic[_OptT]):
 
     # -- leaving -----------------------------------------------------------------------------
     #
-    # Every step below is idempotent and marks itself done only once done, so that an interrupt
-    # (Ctrl-C) at any line, even the first of a function, where no try of its own can catch it, is
-    # made good by a retry: _surely's, or at the latest the _ExitGuard's when the with statement ends.
+    # Every step below but the call of the module's own untoggle_optimizer is idempotent and marks
+    # itself done only once done, so that an interrupt (Ctrl-C) at any line, even the first of a
+    # function, where no try of its own can catch it, is made good by a retry: _surely's, or at the
+    # latest the _ExitGuard's when the with statement ends.
+
+    def _leave(self) -> None:
+        """Untoggle as ``finally: self.untoggle_optimizer(opt)`` would, then resume gradient sync.
+
+        Where the module's class overrides ``untoggle_optimizer``, that method is called, once (its
+        ``super().untoggle_optimizer`` reaches toggleshim's, which closes this block); an override that
+        never reaches it leaves ``requires_grad`` as it made it, and toggleshim only lets the block go.
+        Otherwise toggleshim's exact untoggle runs, retried until done.
+        """
+        error: BaseException | None = None
+        module, state = self._module, self._state
+        if state is not None and self._phase != _CLOSED and overrides(module)[1]:
+            state.exiting = self
+            try:
+                module.untoggle_optimizer(self._optimizer)
+            except BaseException as e:  # raised below, once toggleshim's bookkeeping is done
+                error = e
+            finally:
+                state.exiting = None
+            if self._phase != _CLOSED:  # the override did not call super().untoggle_optimizer
+                try:
+                    _surely(self._unwind, False)
+                except BaseException as e:
+                    error = _first(error, e)
+        try:
+            _surely(self._close)
+        except BaseException as e:
+            error = _first(error, e)
+        if error is not None:
+            raise error
 
     def _close(self) -> None:
         """Untoggle, unwinding first the toggles left open above this one; gradient sync resumes."""
@@ -531,30 +613,32 @@ class Toggle(Generic[_OptT]):
             raise error
         self._state = self._guard = self._sync = None
 
-    def _unwind(self) -> None:
+    def _unwind(self, write: bool = True) -> None:
         """Undo this toggle and every toggle still open above it, innermost first; one that fails does
-        not stop the others (the first error propagates after)."""
+        not stop the others (the first error propagates after). ``write=False``: this toggle is let go
+        without writing (the module's own untoggle_optimizer had its say); those above are undone."""
         stack = self._state.stack if self._state is not None else []
         if stack and stack[-1] is self:  # the innermost, as usual
-            self._undo()
+            self._undo(write)
             stack.pop()
             return
         at = next((i for i, t in enumerate(stack) if t is self), len(stack))
         error: BaseException | None = None
         for t in stack[at:][::-1] or [self]:
             try:
-                t._undo()
+                t._undo(write or t is not self)
             except BaseException as e:  # re-raised below, after the others
                 error = _first(error, e)
         del stack[at:]
         if error is not None:
             raise error
 
-    def _undo(self) -> None:
-        """Untoggle this toggle alone (once more if interrupted or failed partway), then let go."""
-        if self._phase == _CLOSED:
+    def _undo(self, write: bool = True) -> None:
+        """Untoggle this toggle alone (once more if interrupted or failed partway), then let go.
+        ``write=False``: only a nested toggle's record is put back."""
+        if self._phase >= _CLOSED:  # closed, or untoggled as a statement
             return
-        untoggle = self._untoggle_nested if self._nested else self._untoggle_flat
+        untoggle = (self._untoggle_nested if self._nested else self._untoggle_flat) if write else self._forget
         try:
             try:
                 untoggle()
@@ -562,10 +646,20 @@ class Toggle(Generic[_OptT]):
                 with contextlib.suppress(Exception):
                     untoggle()
                 raise
-        finally:  # closed: everything but the optimizer (its step may still come) and the state goes
-            self._phase = _CLOSED
-            self._module = self._inner = self._plan = self._layout = self._managed = None
-            self._vals = self._entry = self._record = self._prev_record = None
+        finally:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Closed: everything but the optimizer (its step may still come) and the state goes."""
+        self._phase = _CLOSED
+        self._module = self._inner = self._plan = self._layout = self._managed = None
+        self._vals = self._entry = self._record = self._prev_record = self._outer = None
+
+    def _forget(self) -> None:
+        if self._nested:
+            _put_record(self._module, self._prev_record)
+        elif self._state is not None:
+            self._state.flat_record = 0  # closed: the record left behind is no open statement toggle
 
     def _untoggle_flat(self) -> None:
         """Lightning's ``untoggle_optimizer`` after this flat toggle. Idempotent.
@@ -595,6 +689,8 @@ class Toggle(Generic[_OptT]):
             _lightning_untoggle(module, opts, self._optimizer, self._inner)
         # Lightning assigns through nn.Module.__setattr__, which stores a dict in __dict__ (10x slower).
         module.__dict__[_RECORD] = {}
+        if self._state is not None:
+            self._state.flat_record = 0  # no statement toggle is open
 
     def _untoggle_nested(self) -> None:
         assert self._managed is not None and self._entry is not None
@@ -609,6 +705,10 @@ class Toggle(Generic[_OptT]):
         self._optimizer = None
 
     def __repr__(self) -> str:
+        if self._phase == _UNTOGGLED:
+            return "<toggleshim.Toggle untoggled (holds nothing)>"
+        if self._phase == _CLOSED and self._optimizer is None:
+            return "<toggleshim.Toggle closed (holds nothing)>"
         status = ("toggled", "open", "closed")[self._phase]
         return f"<toggleshim.Toggle {status} optimizer={type(self._optimizer).__name__}>"
 
@@ -626,11 +726,34 @@ class _ExitGuard:
 
     def __get__(self, toggle: Toggle[Any] | None, cls: Any = None) -> Any:
         if toggle is None:
-            return Toggle._exit  # Toggle.__exit__(t, ...), contextlib.ExitStack
+            # Toggle.__exit__ (contextlib.ExitStack.enter_context looks it up so, right before calling
+            # __enter__, and keeps it until it calls it): a fresh function, which the next __enter__ in
+            # this thread watches as it watches the with statement's, if it is still held by then.
+            def __exit__(
+                toggle: Toggle[Any], exc_type: type[BaseException] | None, exc: BaseException | None,
+                tb: TracebackType | None,
+            ) -> Literal[False]:
+                return toggle._exit(exc_type, exc, tb)
+
+            _LOOKED_UP[:] = [(threading.get_ident(), weakref.ref(__exit__))]
+            return __exit__
         exit_fn = MethodType(Toggle._exit, toggle)
         if toggle._phase == _MADE:  # the with statement about to enter; once open, no other getattr counts
             toggle._guard = weakref.ref(exit_fn, toggle._exit_dropped)
         return exit_fn
+
+
+# The __exit__ last looked up on the class (thread, weak reference): see _ExitGuard.
+_LOOKED_UP: list[tuple[int, weakref.ref[Any]]] = []
+
+
+def _watch_class_exit(toggle: Toggle[Any]) -> None:
+    """``toggle`` is entered: watch the ``Toggle.__exit__`` looked up just before, if it is still held
+    (by ``ExitStack``) and the with statement handed it no ``__exit__`` of its own."""
+    ident, ref = _LOOKED_UP.pop()
+    exit_fn = ref()
+    if exit_fn is not None and ident == threading.get_ident() and toggle._guard is None:
+        toggle._guard = weakref.ref(exit_fn, toggle._exit_dropped)
 
 
 if not TYPE_CHECKING:
@@ -674,13 +797,16 @@ def _toggle_optimizer(
     t._module, t._state, t._optimizer, t._inner = module, state, optimizer, inner
     t._zero_grad, t._step, t._sync, t._sync_exit = zero_grad, step, sync, None
     t._plan, t._layout, t._managed, t._phase = plan, layout, managed, _MADE
-    t._guard = None
+    t._guard, t._stepped = None, False
     namespace = module.__dict__
     stack = state.stack
     t._nested = nested = bool(stack)
     previous = namespace.get(_RECORD, _MISSING)
     if not nested:  # exactly Lightning's toggle: freeze all but the toggled optimizer's parameters
         t._entry = t._prev_record = None
+        # A statement toggle still open (a record not yet emptied by an untoggle): entered, this
+        # toggle nests inside it (Toggle._nest); as a statement it stays Lightning's flat toggle.
+        t._outer = _open_statement(state, previous) if state.flat_record == id(previous) and previous else None
         t._vals = vals
         # The record, dict(zip(managed, vals)): a copy of the plan's last one when the values are the
         # same (a copy reuses the stored hashes; building one calls Tensor.__hash__, in Python, for every
@@ -693,12 +819,13 @@ def _toggle_optimizer(
             for param in free:  # stops at a failing write: the rollback below puts every one back
                 param.requires_grad = False
             namespace[_RECORD] = record  # as Lightning's assignment through nn.Module.__setattr__
+            state.flat, state.flat_record, state.flat_own = _ref(t), id(record), plan.own_mask
             return t
         except BaseException:  # all or nothing: put back what was written
             _quietly(_rollback, module, free, plan.free(vals), previous)
             raise
     # Nested: the same toggle from the user's view (see Toggle._user_view), undone on leaving.
-    t._entry = vals
+    t._entry, t._outer = vals, None
     t._prev_record = previous
     t._vals = user = stack[-1]._user_view(managed, vals)
     t._record = record = dict(zip(managed, user))
@@ -728,6 +855,16 @@ def _put_record(module: Any, record: Any) -> None:
         module.__dict__[_RECORD] = record
 
 
+def _open_statement(state: _ModuleState, record: Any) -> tuple[Any, frozenset[int], tuple[bool, ...]]:
+    """The statement toggle still open: ``record`` is the very record the module's last flat toggle
+    stored (toggleshim's untoggle forgets it). Its record, the ids of the parameters its optimizer
+    holds (none when the record's keys were edited in number: then every recorded parameter shows what
+    it recorded), and which of the record's keys those are."""
+    own = state.flat_own
+    live = frozenset(id(p) for p, mine in zip(record, own) if mine) if len(record) == len(own) else frozenset()
+    return record, live, own
+
+
 def toggle(
     module: Any, optimizer: _OptT, zero_grad: bool = True, step: bool = True, sync_grad: bool = True
 ) -> Toggle[_OptT]:
@@ -736,25 +873,106 @@ def toggle(
     Static checkers read Lightning's ``toggle_optimizer(...) -> None`` and reject it in a ``with``;
     this function has the precise type. It works whether or not the patch is installed; on a
     Lightning whose toggle code toggleshim has not verified it is that Lightning's own sequence, as
-    the patched method is there (docs/guard.md).
+    the patched method is there (docs/guard.md). Where the module's class overrides
+    ``toggle_optimizer``, that override makes the toggle (see :func:`_through_own_toggle`).
     """
+    if overrides(module)[0]:
+        return _through_own_toggle(module, optimizer, zero_grad, step, sync_grad)
     fallback = route(module)
     if fallback is not None:  # typed as a Toggle: the same context manager, yielding the optimizer
         return cast("Toggle[_OptT]", fallback(module, optimizer, zero_grad, step, sync_grad))
     return _toggle_optimizer(module, optimizer, zero_grad, step, sync_grad)
 
 
-def _open_statement_toggle(module: Any, optimizer: Any) -> Toggle[Any] | None:
-    """The nested statement toggle that ``untoggle_optimizer(optimizer)`` should close, if any."""
+def _through_own_toggle(module: Any, optimizer: _OptT, zero_grad: bool, step: bool, sync_grad: bool) -> Toggle[_OptT]:
+    """``toggle()`` on a module whose class overrides ``toggle_optimizer``: the block is the manual
+    sequence with the module's own methods. The override is called as ``self.toggle_optimizer(opt)``
+    is (the optimizer alone). When it returns the toggle ``super().toggle_optimizer`` made, that is the
+    block, with these flags; otherwise (it returns None, or makes its own toggle) the block runs
+    ``zero_grad``, the body, ``step`` and ``self.untoggle_optimizer(opt)`` around it."""
+    from toggleshim._fallback import FallbackToggle, module_untoggle
+
+    _check_flags(zero_grad=zero_grad, step=step, sync_grad=sync_grad)
+    # read before the toggle: a failing strategy changes nothing
+    sync = None if sync_grad else getattr(module.trainer.strategy, "block_backward_sync", None)
+    made = module.toggle_optimizer(optimizer)
+    if (
+        isinstance(made, (Toggle, FallbackToggle))
+        and made._phase == _MADE
+        and made._module is module
+        and made._optimizer is optimizer
+    ):
+        made._zero_grad, made._step, made._sync = zero_grad, step, sync
+        return cast("Toggle[_OptT]", made)
+    own = FallbackToggle(module, optimizer, module_untoggle, None, zero_grad, step, sync)
+    return cast("Toggle[_OptT]", own)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or _unwrap(a) is _unwrap(b)
+
+
+def _untoggled(module: Any, optimizer: Any) -> bool:
+    """toggleshim's ``untoggle_optimizer(optimizer)``, before Lightning's: True when it closed a toggle
+    of toggleshim's instead (then Lightning's untoggle must not run).
+
+    * the exit of a block of this module calls the module's own ``untoggle_optimizer`` (a subclass's
+      override), which reached this through ``super()``: that block is closed;
+    * a statement toggle made inside a block: closed as a nested block;
+    * otherwise Lightning's untoggle runs, and the last flat toggle's object lets go of everything.
+    """
     state = _state_if_any(module)
-    if state is None or not state.stack:
-        return None
-    top = state.stack[-1]
-    if top._phase != _MADE:
-        return None
-    if top._optimizer is optimizer or _unwrap(top._optimizer) is _unwrap(optimizer):
-        return top
-    return None
+    if state is None:
+        return False
+    exiting = state.exiting
+    if exiting is not None and _same(exiting._optimizer, optimizer):
+        _surely(exiting._unwind)
+        return True
+    stack = state.stack
+    if stack:
+        top = stack[-1]
+        if top._phase == _MADE and _same(top._optimizer, optimizer):
+            top._untoggle_statement()
+            return True
+        state.flat_record = 0  # Lightning's untoggle empties the record: no statement toggle is open
+        return False
+    ref, state.flat, state.flat_record = state.flat, None, 0
+    flat = ref() if ref is not None else None
+    if flat is not None and flat._phase == _MADE:  # untoggled as a statement: it holds nothing more
+        flat._let_go()
+        flat._optimizer = flat._state = flat._sync = None
+        flat._phase = _UNTOGGLED
+    return False
+
+
+# -- a step inside a block that steps on exit --------------------------------------------------------
+
+_STEP_HOOK: list[Any] = []  # the handle of torch's global step hook, once registered
+
+
+def _watch_steps() -> None:
+    """Register :func:`_note_step` with torch (once, at the first block that steps on exit): every
+    optimizer's ``step()`` then tells the open blocks over it. Nothing is added to the optimizers."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    _STEP_HOOK.append(register_optimizer_step_post_hook(_note_step))
+
+
+def _note_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """torch's post-step hook: an open block over ``optimizer`` has seen it step."""
+    for state in tuple(_STATES.values()):
+        for t in state.stack:
+            if t._inner is optimizer and t._phase == _OPEN:
+                t._stepped = True
+
+
+def _double_step(optimizer: Any) -> RuntimeError:
+    return RuntimeError(
+        f"toggleshim: {type(optimizer).__name__}.step() ran inside `with self.toggle_optimizer(opt):`, which "
+        "steps on a clean exit too (step=True): the optimizer would step twice. Pass step=False to keep "
+        "your own step() call, or drop the call and let the block step. The block did not step again; "
+        "it untoggled."
+    )
 
 
 def _keep_dynamo_out(namespace: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from toggleshim._fallback import route
+from toggleshim._ours import original_of, route
 from toggleshim._toggle import Toggle, toggle
 from toggleshim.testing import model as _model
 from toggleshim.testing.specs import (
@@ -32,6 +32,7 @@ from toggleshim.testing.specs import (
     EditRecord,
     GraphSpec,
     OptimizerSpec,
+    Overrides,
     Raise,
     ReplaceRecord,
     SetRequiresGrad,
@@ -138,13 +139,58 @@ def _inputs(layer_spec: Any, gen: torch.Generator) -> torch.Tensor:
     return torch.randn(4, d[0], generator=gen)
 
 
-def build_graph(spec: GraphSpec, flavour: str = "lightning.pytorch") -> tuple[nn.Module, list[torch.Tensor]]:
+def user_module_class(flavour: str, overrides: Overrides) -> type:
+    """A subclass of the graph module whose ``toggle_optimizer`` / ``untoggle_optimizer`` are the user's
+    own, as ``overrides`` draws them. Their ``super()`` is Lightning's own method in the manual world
+    (``module._lightning_super``: the reference sequence runs under Lightning's methods alone), the
+    class's (toggleshim's, where installed) otherwise."""
+    base = graph_module_class(flavour)
+    lightning = _flavour_module(flavour).LightningModule
+    ov = overrides
+
+    def parent(self: Any, name: str) -> Callable[..., Any]:
+        if self._lightning_super:
+            fn = vars(lightning)[name]
+            return functools.partial(original_of(fn) or fn, self)
+        return getattr(super(cls, self), name)  # type: ignore[no-any-return]
+
+    def write(self: Any, sets: tuple[tuple[int, bool], ...]) -> None:
+        for i, value in sets:
+            if i < len(self._drawn):
+                self._drawn[i].requires_grad_(value)
+
+    body: dict[str, Any] = {"_lightning_super": False}
+    if ov.toggle:
+        def toggle_optimizer(self: Any, optimizer: Any, **flags: Any) -> Any:
+            self.override_log.append("toggle")
+            made = None if ov.toggle == "own" else parent(self, "toggle_optimizer")(optimizer, **flags)
+            write(self, ov.toggle_sets)
+            return made if ov.toggle == "super" else None
+
+        body["toggle_optimizer"] = toggle_optimizer
+    if ov.untoggle:
+        def untoggle_optimizer(self: Any, optimizer: Any) -> None:
+            self.override_log.append("untoggle")
+            if ov.untoggle == "super":
+                parent(self, "untoggle_optimizer")(optimizer)
+            write(self, ov.untoggle_sets)
+
+        body["untoggle_optimizer"] = untoggle_optimizer
+    cls = type("UserModule", (base,), body)
+    return cls
+
+
+def build_graph(spec: GraphSpec, flavour: str = "lightning.pytorch",
+                overrides: Overrides | None = None) -> tuple[nn.Module, list[torch.Tensor]]:
     """The module for ``spec`` (values from ``spec.seed`` only) and one input per layer."""
     layers = nn.ModuleList(_make_layer(layer) for layer in spec.layers)
     for dst, src in spec.ties:
         layers[dst].weight = layers[src].weight  # one Parameter in two submodules
     loose = nn.ParameterList(nn.Parameter(torch.empty(n)) for n in spec.loose)
-    module = graph_module_class(flavour)(layers, loose)
+    cls = graph_module_class(flavour) if overrides is None else user_module_class(flavour, overrides)
+    module = cls(layers, loose)
+    module.override_log = []
+    module._drawn = list(module.parameters())
     gen = torch.Generator().manual_seed(spec.seed)
     with torch.no_grad():
         for _, p in module.named_parameters():
@@ -218,6 +264,7 @@ class World:
     strategy: StandInStrategy | None = None
     reached: list[tuple[str, int]] = field(default_factory=list)
     wrapped: tuple[int, ...] = ()
+    overrides: Overrides | None = None  # the module's class overrides toggle/untoggle_optimizer
 
     def instrument(self) -> None:
         """Log (and, when armed, fail) every zero_grad/step called on the toggled objects.
@@ -333,7 +380,7 @@ def build_world(spec: WorldSpec, flavour: str = "lightning.pytorch") -> World:
     """A world on a stand-in trainer (what most properties use; ``run_in_trainer`` for the real one)."""
     global WORLDS_BUILT
     WORLDS_BUILT += 1
-    module, inputs = build_graph(spec.graph, flavour)
+    module, inputs = build_graph(spec.graph, flavour, spec.overrides)
     params = list(module.parameters())
     for i in spec.frozen:
         params[i].requires_grad_(False)
@@ -350,6 +397,7 @@ def build_world(spec: WorldSpec, flavour: str = "lightning.pytorch") -> World:
         global_step=lambda: strategy.global_step,
         strategy=strategy,
         wrapped=tuple(spec.wrapped),
+        overrides=spec.overrides,
     )
     strategy.raised = world.raised
     world.instrument()
@@ -394,9 +442,14 @@ class ShimDriver:
         world.module.untoggle_optimizer(_inner(world.opts[k]) if other else world.opts[k])
 
     def bad_flag(self, world: World, op: BadFlag) -> None:
-        """A flag of another type: a TypeError that names it, before anything changes."""
+        """A flag of another type: a TypeError that names it, before anything changes (through
+        ``toggleshim.toggle`` where the user's ``toggle_optimizer`` takes no flags of its own)."""
+        own = world.overrides is not None and world.overrides.toggle is not None
         try:
-            world.module.toggle_optimizer(world.opts[op.k], **{op.flag: op.value})
+            if own:
+                toggle(world.module, world.opts[op.k], **{op.flag: op.value})  # type: ignore[arg-type]
+            else:
+                world.module.toggle_optimizer(world.opts[op.k], **{op.flag: op.value})
         except TypeError as exc:
             if f"{op.flag} must be True or False" not in str(exc):
                 raise Mismatch(f"toggle_optimizer({op.flag}={op.value!r}): a TypeError not naming it: {exc}") from exc
@@ -421,9 +474,19 @@ class ManualDriver:
         fns = [getattr(f, "_toggleshim_original", f) for f in fns]
         return cls(fns[0], fns[1])
 
+    def _methods(self, world: World) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+        """The module's own methods where its class overrides them (their ``super()`` is Lightning's
+        own, see ``user_module_class``), else Lightning's."""
+        ov, module = world.overrides, world.module
+        toggle_fn = module.toggle_optimizer if ov is not None and ov.toggle else functools.partial(self._toggle, module)
+        untoggle_fn = (module.untoggle_optimizer if ov is not None and ov.untoggle
+                       else functools.partial(self._untoggle, module))
+        return toggle_fn, untoggle_fn
+
     def block(self, world: World, op: Block, after_toggle: Callable[[], None], body: Callable[[], None]) -> None:
         opt = world.opts[op.k]
-        self._toggle(world.module, opt)
+        toggle_fn, untoggle_fn = self._methods(world)
+        toggle_fn(opt)
         after_toggle()
         try:
             # LightningOptimizer.toggle_model(sync_grad=False): the strategy's no-sync context, when
@@ -445,13 +508,13 @@ class ManualDriver:
                 raise
             context.__exit__(None, None, None)
         finally:
-            self._untoggle(world.module, opt)
+            untoggle_fn(opt)
 
     def toggle(self, world: World, k: int) -> None:
-        self._toggle(world.module, world.opts[k])
+        self._methods(world)[0](world.opts[k])
 
     def untoggle(self, world: World, k: int, other: bool = False) -> None:
-        self._untoggle(world.module, _inner(world.opts[k]) if other else world.opts[k])
+        self._methods(world)[1](_inner(world.opts[k]) if other else world.opts[k])
 
     def bad_flag(self, world: World, op: BadFlag) -> None:
         """Lightning's toggle takes no flags: nothing to do (the shim's must change nothing either)."""
@@ -484,6 +547,8 @@ class Run:
     expected_sync: list[str] = field(default_factory=list)
     hooks: list[tuple[str, int]] = field(default_factory=list)
     expected_hooks: list[tuple[str, int]] = field(default_factory=list)
+    nested: bool = False  # a toggle took the shim's nesting rule: no manual sequence to compare with
+    override_log: list[str] = field(default_factory=list)  # the calls of the user's own methods
 
 
 def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -494,7 +559,10 @@ class _Runner:
     def __init__(self, world: World, driver: Any, check_model: bool) -> None:
         self.world = world
         self.driver = driver
-        self.model = _model.ToggleModel(world.optimizers_spec, [p.requires_grad for p in world.params])
+        self.model = _model.ToggleModel(world.optimizers_spec, [p.requires_grad for p in world.params],
+                                        lightning=isinstance(driver, ManualDriver), overrides=world.overrides)
+        if world.overrides is not None:  # the overrides' super(): Lightning's own in the manual world
+            world.module._lightning_super = isinstance(driver, ManualDriver)
         self.check_model = check_model
         self.snapshots: list[Snapshot] = []
         self.expected: list[tuple[str, int]] = []
@@ -601,6 +669,8 @@ class _Runner:
             self.expected_sync,
             [] if strategy is None else list(strategy.hooks),
             expected_hooks if strategy is not None else [],
+            nested=self.model.nested_seen,
+            override_log=list(getattr(self.world.module, "override_log", [])),
         )
 
     def op(self, op: object) -> None:
@@ -634,7 +704,7 @@ class _Runner:
             self.statement(op)
         elif isinstance(op, Untoggle):
             self.driver.untoggle(w, op.k)
-            m.untoggle(op.k)
+            m.untoggle_call(op.k)
             self.point(f"untoggled{op.k}")
         elif isinstance(op, BadFlag):
             self.driver.bad_flag(w, op)
@@ -643,6 +713,7 @@ class _Runner:
             record = w.module.__dict__.get("_param_requires_grad_state")
             if record is not None:
                 w.module._param_requires_grad_state = (dict if op.how == "dict" else _RecordLookalike)(record)
+                self.model.replace_record()
             self.point("record replaced")
         else:  # pragma: no cover - specs are closed
             raise TypeError(op)
@@ -681,7 +752,7 @@ class _Runner:
 
         def after_toggle() -> None:
             nonlocal frame
-            frame = m.toggle(op.k)
+            frame = m.block_toggle(op.k)
             m.enter(frame, op.sync_grad)
             self.expected.extend(_model.expected_calls(op.k, op.zero_grad, op.step, None, sync_fault))
             if w.strategy is not None:
@@ -700,26 +771,42 @@ class _Runner:
             self.body(op.body, "b")
             completed = True
 
+        refused = False
         try:
             self.driver.block(w, op, after_toggle, run_body)
+            if frame is not None and m.refuses_step(frame, op.step, completed):
+                raise Mismatch(f"{self.driver.name} world: the block over optimizer {op.k} stepped again after a "
+                               "step inside it (the model says: a double step, refused)")
+        except Mismatch:
+            raise
+        except BaseException as exc:
+            refused = frame is not None and m.refuses_step(frame, op.step, completed)
+            if refused:  # toggleshim's refusal is this block's outcome (it comes first: the body completed)
+                if not (isinstance(exc, RuntimeError) and "step() ran inside" in str(exc)):
+                    raise Mismatch(f"{self.driver.name} world: {exc!r} came out where the model expects the "
+                                   "double step's RuntimeError") from exc
+                w.raised.append(exc)
+            raise
         finally:
             w.fault = None
             if w.strategy is not None:
                 w.strategy.fault = None
             if frame is not None:
                 m.exit(frame)
-                self.expected.extend(_model.expected_calls(op.k, op.zero_grad, op.step, completed))
+                self.expected.extend(_model.expected_calls(op.k, op.zero_grad, op.step and not refused, completed))
                 if w.strategy is not None:
                     self.expected_sync.extend(_model.expected_sync(op.sync_grad, False, sync_fault))
+                if op.step and completed and not refused and op.fail != "step":  # torch's step ran
+                    m.stepped(op.k)
             self.point(f"left{op.k}", full=True)
 
     def statement(self, op: Statement) -> None:
         self.driver.toggle(self.world, op.k)
-        self.model.toggle(op.k)
+        self.model.toggle_call(op.k)
         self.point(f"toggled{op.k}")
         self.body(op.body, "s")
         self.driver.untoggle(self.world, op.k, op.other)
-        self.model.untoggle(op.k)
+        self.model.untoggle_call(op.k)
         self.point(f"untoggled{op.k}")
 
 
@@ -773,6 +860,9 @@ def compare_runs(a: Run, b: Run, world: World | None = None) -> None:
         raise Mismatch(f"optimizer calls differ: {a.calls} vs {b.calls}")
     if a.hooks != b.hooks:
         raise Mismatch(f"LightningOptimizer step hooks differ: {a.hooks} vs {b.hooks}")
+    if a.override_log != b.override_log:
+        raise Mismatch(f"the module's own toggle/untoggle_optimizer ran differently: {a.override_log} vs "
+                       f"{b.override_log}")
     for sa, sb in zip(a.snapshots, b.snapshots):
         where = sa.where
         if sa.where != sb.where:
@@ -842,7 +932,7 @@ def run_in_trainer(
     global WORLDS_BUILT
     WORLDS_BUILT += 1
     pl = _flavour_module(flavour)
-    module, inputs = build_graph(spec.graph, flavour)
+    module, inputs = build_graph(spec.graph, flavour, spec.overrides)
     params = list(module.parameters())
     for i in spec.frozen:
         params[i].requires_grad_(False)
@@ -917,6 +1007,8 @@ def assert_toggle_equivalent_in_trainer(
         raise ValueError("the manual sequence has no nesting rule: pass a flat program")
     shim, world = run_in_trainer(spec, ShimDriver(), flavour, batches=batches, **trainer_kwargs)
     check_calls(shim)
+    if shim.nested:  # a block inside a statement toggle left open by an exception: checked by the model
+        return shim
     manual, _ = run_in_trainer(spec, ManualDriver.for_flavour(flavour), flavour, batches=batches, **trainer_kwargs)
     check_calls(manual, "manual")
     compare_runs(shim, manual, world)
@@ -1001,7 +1093,7 @@ def assert_program_equivalent(make_world: Callable[[], World], program: Sequence
         flavour = flavour_of(shim_world.module)
     shim = run_program(shim_world, program, ShimDriver())
     check_calls(shim)
-    if not spec_nested:
+    if not spec_nested and not shim.nested:
         manual = run_program(make_world(), program, ManualDriver.for_flavour(flavour))
         check_calls(manual, "manual")
         compare_runs(shim, manual, shim_world)

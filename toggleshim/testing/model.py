@@ -14,6 +14,10 @@ Two layers:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from toggleshim.testing.specs import Overrides
 
 __all__ = [
     "Frame",
@@ -105,6 +109,13 @@ class Frame:
     closed: bool = False
     sync_grad: bool = True  # a block's flag: False blocks gradient sync while its body runs
     in_body: bool = False  # the block's entry (zero_grad) is done: its body runs
+    # flat, toggled while a statement toggle was open: (its record, its optimizer's parameters); the
+    # block nests inside it once entered (``ToggleModel.nest``)
+    outer: tuple[dict[int, bool], set[int], list[bool]] | None = None
+    stepped: bool = False  # the block's optimizer stepped while the block was open
+    # toggleshim.toggle over a user's toggle_optimizer that returns no toggle: the module's own
+    # sequence around it (zero_grad; body; step; the module's untoggle_optimizer)
+    own_block: bool = False
 
 
 class ToggleModel:
@@ -114,11 +125,21 @@ class ToggleModel:
     (``None`` before any toggle, like a fresh module).
     """
 
-    def __init__(self, optimizers: Optimizers, requires_grad: list[bool]) -> None:
+    def __init__(self, optimizers: Optimizers, requires_grad: list[bool], lightning: bool = False,
+                 overrides: Overrides | None = None) -> None:
         self.optimizers = [list(p) for p in optimizers]
         self.rg = list(requires_grad)
         self.record: dict[int, bool] | None = {}
         self.stack: list[Frame] = []
+        # ``lightning``: the model of Lightning's own methods driven by the manual sequence (a block
+        # inside an open statement toggle is flat there, as every toggle is)
+        self.lightning = lightning
+        self.nested_seen = False  # a toggle took the shim's nesting rule (no manual sequence to compare)
+        # the last flat toggle's record (the object) and which of its keys were its optimizer's
+        self.flat_record: dict[int, bool] | None = None
+        self.flat_own: list[bool] = []
+        self.overrides = overrides  # the module's class overrides toggle/untoggle_optimizer
+        self.own_blocks: list[Frame] = []  # open blocks running the module's own sequence
 
     @property
     def managed(self) -> list[int]:
@@ -137,6 +158,11 @@ class ToggleModel:
         """
         self.optimizers = [list(p) for p in optimizers]
 
+    def replace_record(self) -> None:
+        """The user replaces ``_param_requires_grad_state`` by another object with the same entries."""
+        if self.record is not None:
+            self.record = dict(self.record)
+
     def edit_record(self, i: int, value: bool | None) -> None:
         """The user edits ``_param_requires_grad_state`` in place: ``record[i] = value`` (``None``: delete).
 
@@ -148,20 +174,78 @@ class ToggleModel:
         else:
             self.record[i] = value
 
+    # -- the module's own methods (a subclass's overrides) --------------------------------------
+
+    def _write(self, sets: tuple[tuple[int, bool], ...]) -> None:
+        for i, value in sets:
+            if i < len(self.rg):
+                self.rg[i] = value
+
+    def toggle_call(self, k: int) -> Frame | None:
+        """``module.toggle_optimizer(opt[k])``: the override (if any) around ``super()``'s toggle."""
+        ov = self.overrides
+        frame = self.toggle(k) if ov is None or ov.toggle != "own" else None
+        if ov is not None and ov.toggle:
+            self._write(ov.toggle_sets)
+        return frame
+
+    def untoggle_call(self, k: int) -> None:
+        """``module.untoggle_optimizer(opt[k])`` as a statement: the override around ``super()``'s."""
+        ov = self.overrides
+        if ov is None or ov.untoggle != "own":
+            self.untoggle(k)
+        if ov is not None and ov.untoggle:
+            self._write(ov.untoggle_sets)
+
+    def block_toggle(self, k: int) -> Frame:
+        """A block's toggle (every entry point): where the override returns no toggle (``toggleshim.
+        toggle`` calls it), the block is the module's own sequence around the toggle it made."""
+        frame = self.toggle_call(k)
+        ov = self.overrides
+        if ov is not None and ov.toggle in ("none", "own"):
+            return Frame(k, nested=False, user={}, own_block=True)
+        assert frame is not None
+        return frame
+
+    def _forget(self, frame: Frame) -> None:
+        """The block's exit called an override of ``untoggle_optimizer`` that never calls ``super()``:
+        toggles left open above the block are undone, the block only let go (a nested one's record put
+        back); ``requires_grad`` is the override's business."""
+        if any(f is frame for f in self.stack):
+            while True:
+                top = self.stack.pop()
+                if top is frame:
+                    break
+                self._undo(top)
+        if not frame.closed:
+            frame.closed = True
+            if frame.nested:
+                self.record = frame.previous_record
+            else:
+                self.flat_record = None
+
     # -- toggling --------------------------------------------------------------------------
 
     def toggle(self, k: int) -> Frame:
         """``toggle_optimizer(k)``, statement or block: the toggle happens at the call."""
         managed, live = self.managed, set(self.optimizers[k])
         if not self.stack:  # flat: exactly Lightning
+            outer: tuple[dict[int, bool], set[int], list[bool]] | None = None
+            if self.record and self.record is self.flat_record and not self.lightning:
+                # a statement toggle is open (its very record): a block would nest in it
+                known = len(self.record) == len(self.flat_own)
+                its = {i for i, mine in zip(self.record, self.flat_own) if mine} if known else set()
+                outer = (self.record, its, list(self.flat_own))
             record = lightning_toggle(self.rg, self.optimizers, k)
-            frame = Frame(k, nested=False, user=dict(record), previous_record=self.record, managed=managed, live=live)
-            self.record = record
+            frame = Frame(k, nested=False, user=dict(record), previous_record=self.record, managed=managed, live=live,
+                          outer=outer)
+            self.record = self.flat_record = record
+            self.flat_own = [i in live for i in record]
             return frame
         # Nested: the user's view. A parameter the enclosing toggle left live shows its current value;
         # one it froze shows what it recorded (a parameter the optimizers took on since: its current value).
-        outer = self.stack[-1]
-        user = {i: (self.rg[i] if i in outer.live else outer.user.get(i, self.rg[i])) for i in managed}
+        enclosing = self.stack[-1]
+        user = {i: (self.rg[i] if i in enclosing.live else enclosing.user.get(i, self.rg[i])) for i in managed}
         frame = Frame(
             k, nested=True, user=user, entry=list(self.rg), previous_record=self.record, managed=managed, live=live
         )
@@ -171,7 +255,30 @@ class ToggleModel:
             self.rg[i] = user[i]
         self.record = dict(user)
         self.stack.append(frame)  # a nested toggle is open from the call on, entered or not
+        self.nested_seen = True
         return frame
+
+    def nest(self, frame: Frame) -> None:
+        """A flat block toggled while a statement toggle was open starts (its ``__enter__``): it becomes
+        a nested toggle from the user's view. A parameter the statement's optimizer holds shows its
+        value found at the call, any other what the statement recorded; leaving restores the values
+        found at the call and the statement's record."""
+        if frame.outer is None or frame.nested:
+            return
+        outer, live, own = frame.outer
+        found = frame.user  # flat: the values found at the call
+        user = {i: (found[i] if i in live else outer.get(i, found[i])) for i in frame.managed}
+        entry = list(self.rg)
+        for i in frame.managed:
+            entry[i] = found[i]
+        frame.nested, frame.entry, frame.previous_record, frame.user = True, entry, outer, user
+        for i in frame.live:  # only what differs from what the call left is written
+            if user[i] != found[i]:
+                self.rg[i] = user[i]
+        self.flat_record, self.flat_own = outer, own  # the statement is the one open
+        self.record = dict(user)
+        self.stack.append(frame)
+        self.nested_seen = True
 
     def enter(self, frame: Frame, sync_grad: bool = True) -> None:
         """The ``with`` statement starts (before ``zero_grad``)."""
@@ -181,21 +288,41 @@ class ToggleModel:
     def start_body(self, frame: Frame) -> None:
         """The block's entry is done (``zero_grad`` included): its body starts."""
         frame.in_body = True
-        if not frame.nested:
+        if frame.own_block:
+            self.own_blocks.append(frame)
+        elif frame.outer is not None:
+            self.nest(frame)
+        elif not frame.nested:
             self.stack.append(frame)
 
     def exit(self, frame: Frame) -> None:
         """The block ends, by any path: untoggle (the step, if any, came before).
 
-        Statement toggles left open inside it are unwound first, innermost first.
+        Statement toggles left open inside it are unwound first, innermost first. Where the module's
+        class overrides ``untoggle_optimizer``, the exit is that override (its ``super()`` is the untoggle).
         """
-        if any(f is frame for f in self.stack):
+        if frame.own_block:
+            if frame in self.own_blocks:
+                self.own_blocks.remove(frame)
+            self.untoggle_call(frame.k)
+            return
+        if frame.closed:
+            return
+        if frame.entered:
+            self.nest(frame)  # entered, nested inside a statement toggle before its entry could fail
+        ov = self.overrides
+        if ov is not None and ov.untoggle == "own":
+            self._forget(frame)
+        elif any(f is frame for f in self.stack):
             while True:
                 top = self.stack.pop()
                 self._undo(top)
                 if top is frame:
-                    return
-        self._undo(frame)
+                    break
+        else:
+            self._undo(frame)
+        if ov is not None and ov.untoggle:
+            self._write(ov.untoggle_sets)
 
     def untoggle(self, k: int) -> None:
         """``untoggle_optimizer(k)`` as a statement."""
@@ -206,6 +333,7 @@ class ToggleModel:
             return
         lightning_untoggle(self.rg, self.record or {}, self.optimizers, k)
         self.record = {}
+        self.flat_record = None
 
     def _undo(self, frame: Frame) -> None:
         if frame.closed:
@@ -220,6 +348,18 @@ class ToggleModel:
         else:  # Lightning's untoggle, on the optimizers and the record as they are now
             lightning_untoggle(self.rg, self.record or {}, self.optimizers, frame.k)
             self.record = {}
+            self.flat_record = None
+
+    def stepped(self, k: int) -> None:
+        """Optimizer ``k`` stepped: every open block over it has seen a step in its body (at its clean
+        exit the shim then refuses to step again: a double step)."""
+        for frame in self.stack:
+            if frame.k == k and frame.in_body and not frame.closed:
+                frame.stepped = True
+
+    def refuses_step(self, frame: Frame, step: bool, completed: bool) -> bool:
+        """The shim's exit raises instead of stepping a second time (never Lightning's own methods)."""
+        return not self.lightning and not frame.own_block and step and completed and frame.stepped
 
     # -- what the invariants talk about ----------------------------------------------------
 
@@ -227,7 +367,7 @@ class ToggleModel:
         """Gradient sync must be off while the body of a block with ``sync_grad=False`` runs (blocks
         nested in it included); it is back on once every such block has ended, by any path. It
         is not yet off between the toggle and the ``with`` statement (the toggle is a plain call)."""
-        return any(f.in_body and not f.closed and not f.sync_grad for f in self.stack)
+        return any(f.in_body and not f.closed and not f.sync_grad for f in [*self.stack, *self.own_blocks])
 
     def trainable_inside(self) -> set[int] | None:
         """Inside the innermost open block: the managed parameters that may train (None outside)."""

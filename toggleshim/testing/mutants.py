@@ -93,16 +93,22 @@ LIGHTNING: dict[str, dict[str, Callable[[Any, Any], None]]] = {
 _EXIT = (
     "        try:\n"
     "            if exc_type is None and self._step:\n"
+    "                if self._stepped:\n"
+    "                    raise _double_step(optimizer)\n"
     "                optimizer.step()  # type: ignore[attr-defined]\n"
     "        except BaseException:\n"
-    "            _quietly(self._close)  # step's error propagates, not one of the untoggle's\n"
+    "            _quietly(self._leave, retry=False)  # step's error propagates, not one of the untoggle's\n"
     "            raise\n"
     "        # Already closed when an enclosing block that ended first unwound it (a generator holding a\n"
     "        # block): its untoggle is done, _close does nothing more.\n"
     "        if exc_type is None:\n"
-    "            self._close()\n"
+    "            self._leave()\n"
     "        else:\n"
-    "            _quietly(self._close)  # the body's exception propagates unchanged, not one of the untoggle's\n"
+    "            _quietly(self._leave, retry=False)  # the body's exception propagates unchanged\n"
+)
+_BODY_ERROR_EXIT = "            _quietly(self._leave, retry=False)  # the body's exception propagates unchanged\n"
+_STEP_ERROR_EXIT = (
+    "            _quietly(self._leave, retry=False)  # step's error propagates, not one of the untoggle's\n"
 )
 _ZERO_GRAD = (
     "            if self._zero_grad:\n"
@@ -130,24 +136,15 @@ SHIM: dict[str, tuple[str, str]] = {
         "        return False  # never swallow\n",
         "        return exc_type is not None  # type: ignore[return-value]\n",
     ),
-    "no untoggle on exception": (
-        _EXIT,
-        _EXIT.replace("            _quietly(self._close)  # the body's exception propagates unchanged, not one of "
-                      "the untoggle's\n", "            self._guard = None\n"),
-    ),
+    "no untoggle on exception": (_EXIT, _EXIT.replace(_BODY_ERROR_EXIT, "            self._guard = None\n")),
     "no untoggle when zero_grad fails": (
-        "        except BaseException:\n            _quietly(self._close)\n            raise\n",
+        "        except BaseException:\n            _quietly(self._leave, retry=False)  # the error in flight "
+        "propagates (an interrupt too)\n            raise\n",
         "        except BaseException:\n            self._guard = None\n            raise\n",
     ),
-    "no untoggle when step fails": (
-        _EXIT,
-        _EXIT.replace("            _quietly(self._close)  # step's error propagates, not one of the untoggle's\n",
-                      "            self._guard = None\n"),
-    ),
+    "no untoggle when step fails": (_EXIT, _EXIT.replace(_STEP_ERROR_EXIT, "            self._guard = None\n")),
     "a failing untoggle replaces the body's exception": (
-        _EXIT,
-        _EXIT.replace("            _quietly(self._close)  # the body's exception propagates unchanged, not one of "
-                      "the untoggle's\n", "            self._close()\n"),
+        _EXIT, _EXIT.replace(_BODY_ERROR_EXIT, "            self._leave()\n")
     ),
     "an interrupt during cleanup is dropped": (
         "    flight propagates unchanged; an interrupt during the cleanup still propagates.\"\"\"\n"
@@ -216,8 +213,24 @@ SHIM: dict[str, tuple[str, str]] = {
         _FLAT_CHECK.replace("            and type(record) is dict", "            and isinstance(record, dict)"),
     ),
     "statement untoggle inside a block ignored": (
-        "    if top._optimizer is optimizer or _unwrap(top._optimizer) is _unwrap(optimizer):\n        return top\n",
-        "    if False:\n        return top\n",
+        "        if top._phase == _MADE and _same(top._optimizer, optimizer):\n",
+        "        if False:\n",
+    ),
+    "the exit bypasses an overridden untoggle_optimizer": (
+        "        if state is not None and self._phase != _CLOSED and overrides(module)[1]:\n",
+        "        if False:\n",
+    ),
+    "a step inside a block goes unnoticed": (
+        "                if self._stepped:\n",
+        "                if False:\n",
+    ),
+    "a block inside a statement toggle is Lightning's flat one": (
+        "            if self._outer is not None:\n                self._nest()\n",
+        "            if False:\n                self._nest()\n",
+    ),
+    "a statement toggle keeps everything after its untoggle": (
+        "    if flat is not None and flat._phase == _MADE:",
+        "    if False:",
     ),
     "block ignores sync_grad": (
         '    sync = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)\n',
@@ -271,7 +284,7 @@ def _apply_shim(name: str) -> None:
     sys.modules["toggleshim._toggle"] = mutated
     _patch._toggle = mutated  # type: ignore[attr-defined]
     _patch.Toggle = mutated.Toggle  # type: ignore[attr-defined]
-    _patch._open_statement_toggle = mutated._open_statement_toggle  # type: ignore[attr-defined]
+    _patch._untoggled = mutated._untoggled  # type: ignore[attr-defined]
     setattr(toggleshim, "Toggle", mutated.Toggle)  # noqa: B010  (mypy: a class cannot be assigned to)
     setattr(toggleshim, "toggle", mutated.toggle)  # noqa: B010
     toggleshim.uninstall()

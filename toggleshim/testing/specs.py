@@ -17,6 +17,7 @@ __all__ = [
     "ENTRY_POINTS",
     "FLAT_EXAMPLES",
     "NESTED_EXAMPLES",
+    "USER_CLASS_EXAMPLES",
     "Backward",
     "BadFlag",
     "Block",
@@ -24,6 +25,7 @@ __all__ = [
     "GraphSpec",
     "LayerSpec",
     "OptimizerSpec",
+    "Overrides",
     "Raise",
     "ReplaceRecord",
     "SetRequiresGrad",
@@ -32,6 +34,7 @@ __all__ = [
     "WorldSpec",
     "graphs",
     "optimizer_partitions",
+    "overrides",
     "programs",
     "worlds",
 ]
@@ -172,6 +175,22 @@ class Statement:
 
 
 @dataclass(frozen=True)
+class Overrides:
+    """The module's class overrides Lightning's methods, as users write such overrides.
+
+    ``toggle``: ``"super"`` (calls ``super().toggle_optimizer`` and returns its result), ``"none"``
+    (calls it, returns None), ``"own"`` (never calls it: toggles by itself); ``untoggle``: ``"super"``
+    or ``"own"``; None: not overridden. ``toggle_sets`` / ``untoggle_sets``: ``(parameter, value)``
+    written after the ``super()`` call (or in its place), parameters in or outside the optimizers.
+    Every call is recorded on the module (``override_log``)."""
+
+    toggle: str | None = None
+    untoggle: str | None = None
+    toggle_sets: tuple[tuple[int, bool], ...] = ()
+    untoggle_sets: tuple[tuple[int, bool], ...] = ()
+
+
+@dataclass(frozen=True)
 class WorldSpec:
     """A whole world: graph, which parameters the user froze, the optimizers, and the program.
 
@@ -187,18 +206,25 @@ class WorldSpec:
     program: tuple[object, ...]
     wrapped: tuple[int, ...] = ()
     container: str = "list"  # the param groups' "params": "list", "tuple" or "list subclass"
+    overrides: Overrides | None = None  # the module's class overrides toggle/untoggle_optimizer
 
     @property
     def nested(self) -> bool:
-        """True when a block or statement toggle sits inside a block (the shim's own nesting rule)."""
+        """True when a block or statement toggle sits inside a block, or a block inside a statement
+        toggle (the shim's own nesting rule)."""
         return any(_nested_in_block(op, False) for op in self.program)
 
 
-def _nested_in_block(op: object, in_block: bool) -> bool:
+def _nested_in_block(op: object, in_block: bool, in_statement: bool = False) -> bool:
+    """A block or statement toggle inside a block, or a block inside a statement toggle (a statement
+    toggle inside a statement toggle is Lightning's flat one)."""
     if isinstance(op, (Block, Statement)):
-        if in_block:
+        if in_block or (in_statement and isinstance(op, Block)):
             return True
-        return any(_nested_in_block(o, in_block or isinstance(op, Block)) for o in op.body)
+        return any(
+            _nested_in_block(o, in_block or isinstance(op, Block), in_statement or isinstance(op, Statement))
+            for o in op.body
+        )
     return False
 
 
@@ -384,6 +410,32 @@ def _programs(max_ops: int, nesting: bool, faults: bool, hostile: bool) -> st.Se
     return st.lists(top, min_size=1, max_size=max_ops).map(tuple)
 
 
+@st.composite
+def overrides(draw: st.DrawFn, n_params: int) -> Overrides:
+    """A user's subclass: either method or both overridden, each calling ``super()`` or not, each
+    writing up to two parameters' ``requires_grad`` after it (any parameter, in an optimizer or not)."""
+    sets = st.lists(st.tuples(st.integers(0, n_params - 1), st.booleans()), max_size=2).map(tuple)
+    toggle = draw(st.sampled_from([None, "super", "super", "none", "own"]), label="toggle override")
+    untoggle = draw(st.sampled_from([None, "super", "super", "own"] if toggle else ["super", "super", "own"]),
+                    label="untoggle override")
+    return Overrides(toggle, untoggle, draw(sets) if toggle else (), draw(sets) if untoggle else ())
+
+
+def _method_entry_works(program: tuple[object, ...]) -> tuple[object, ...]:
+    """An override of ``toggle_optimizer`` that returns None cannot be a ``with`` target: its blocks
+    are opened through ``toggleshim.toggle`` (as the README says)."""
+
+    def fix(op: object) -> object:
+        if isinstance(op, (Block, Statement)):
+            body = tuple(fix(o) for o in op.body)
+            if isinstance(op, Block) and op.entry == "method":
+                return dataclasses.replace(op, body=body, entry="toggle")
+            return dataclasses.replace(op, body=body)
+        return op
+
+    return tuple(fix(op) for op in program)
+
+
 def n_parameters(graph: GraphSpec) -> int:
     """Distinct parameters the graph's module has (ties collapse, as ``named_parameters`` does)."""
     tied = {d for d, _ in graph.ties}
@@ -402,9 +454,10 @@ def n_parameters(graph: GraphSpec) -> int:
 @st.composite
 def worlds(
     draw: st.DrawFn, nesting: bool = True, faults: bool = True, max_optimizers: int = 4, max_ops: int = 4,
-    hostile: bool = True,
+    hostile: bool = True, user_class: bool = False,
 ) -> WorldSpec:
-    """A whole world: graph -> frozen parameters -> optimizer partition -> program."""
+    """A whole world: graph -> frozen parameters -> optimizer partition -> program; with
+    ``user_class``, the module's class overrides toggle/untoggle_optimizer (:func:`overrides`)."""
     graph = draw(graphs())
     n = n_parameters(graph)
     frozen = tuple(draw(st.lists(st.integers(0, n - 1), max_size=2, unique=True)))
@@ -416,7 +469,10 @@ def worlds(
     # which optimizers the program passes as LightningOptimizer (the kind of object users pass)
     wrapped = tuple(k for k in range(len(optimizers)) if draw(st.booleans()))
     container = draw(st.sampled_from(["list", "list", "tuple", "list subclass"])) if hostile else "list"
-    return WorldSpec(graph, frozen, optimizers, program, wrapped, container)
+    drawn = draw(overrides(n)) if user_class else None
+    if drawn is not None and drawn.toggle in ("none", "own"):
+        program = _method_entry_works(program)
+    return WorldSpec(graph, frozen, optimizers, program, wrapped, container, drawn)
 
 
 # -- hand-picked worlds every run includes (Hypothesis ``@example``) ----------------------------
@@ -429,13 +485,12 @@ _SHARED = (OptimizerSpec("sgd", (((0, 1), _SGD),)), OptimizerSpec("adam", (((1, 
 _LOOSE = (OptimizerSpec("sgd", (((0,), _SGD),)), OptimizerSpec("adam", (((1, 2), _ADAM),)))  # 3 is loose
 
 #: Flat worlds that touch each documented rule once: a user-frozen parameter, a shared parameter,
-#: a user change inside a block, an interrupt and a failing step, a block inside a statement toggle,
+#: a user change inside a block, an interrupt and a failing step,
 #: the record edited inside a block (a value, then a key), gradient sync off and its context failing.
 FLAT_EXAMPLES = (
     WorldSpec(_TWO, (0,), _SHARED, (Block(1, (Backward((0, 1)),)), Block(0, (Backward((1,)),)))),
     WorldSpec(_TWO, (), _SHARED, (Block(0, (SetRequiresGrad(1, False), Backward((0,)))), Block(1))),
     WorldSpec(_TWO, (), _SHARED, (Block(1, (Backward((1,)), Raise("interrupt"))), Block(1, fail="step"))),
-    WorldSpec(_TWO, (), _SHARED, (Statement(0, (Block(1, (Backward((1,)),)),)),)),
     WorldSpec(_TWO, (), _SHARED, (Backward((0, 1)), Block(0, zero_grad=False, step=False), Block(1, fail="zero_grad"))),
     WorldSpec(_TWO, (), _SHARED, (Block(0, (SetRequiresGrad(0, False),)), Block(0), Block(1, (Backward((1,)),)))),
     WorldSpec(_TWO, (), _SHARED, (Block(0), Block(0, (EditRecord(3, "flip"),)), Block(1, (EditRecord(0, "replace"),)))),
@@ -463,8 +518,30 @@ FLAT_EXAMPLES = (
                                   Block(0, (Backward((0,)),), False, False, None, False, "Toggle", explicit=True),
                                   Block(1, (Backward((1,)),), entry="toggle", explicit=True)), (1,)),
 )
-#: Nested worlds: a block inside a block, a statement toggle left open inside a block.
+#: User classes: fine-tuning code that re-freezes parameter 0 after every untoggle (calling super()),
+#: an untoggle of its own (no super(): everything trainable again), a toggle that returns super()'s
+#: result and freezes a parameter, one that returns None (a block through toggleshim.toggle), both.
+USER_CLASS_EXAMPLES = (
+    WorldSpec(_TWO, (), _SHARED, (Block(1, (Backward((0, 1)),)), Block(0, (Backward((0, 1)),))),
+              overrides=Overrides(untoggle="super", untoggle_sets=((0, False),))),
+    WorldSpec(_TWO, (3,), _SHARED, (Block(0, (Backward((0,)),)), Statement(1, (Backward((1,)),)), Block(1)),
+              overrides=Overrides(untoggle="own", untoggle_sets=((3, True), (2, True)))),
+    WorldSpec(_TWO, (), _SHARED, (Block(0, (Block(1, (Backward((1,)),)),)), Block(1, entry="Toggle")),
+              overrides=Overrides(toggle="super", toggle_sets=((2, False),))),
+    WorldSpec(_TWO, (), _SHARED,
+              (Block(0, (Backward((0,)),), entry="toggle"), Statement(1, (Block(0, entry="toggle"),))),
+              overrides=Overrides(toggle="none", untoggle="super", toggle_sets=((1, False),),
+                                  untoggle_sets=((0, False),))),
+)
+#: Nested worlds: a block inside a block, a statement toggle left open inside a block, a block inside
+#: a statement toggle (the statement's optimizer shares a parameter with the block's; one the
+#: statement left live frozen by the user before the block, which then must see it frozen).
 NESTED_EXAMPLES = (
+    WorldSpec(_TWO, (), _SHARED, (Statement(0, (Block(1, (Backward((1,)),)),)),)),
+    WorldSpec(_TWO, (), _SHARED,
+              (Statement(0, (SetRequiresGrad(1, False), Block(1, (Backward((1,)),)), Backward((0,)))),)),
+    # an exception leaves the statement open: the next block nests inside it
+    WorldSpec(_TWO, (), _SHARED, (Statement(1, (Raise(),)), Block(0, (Backward((0,)),)), Block(1))),
     WorldSpec(_TWO, (), _SHARED, (Block(0, (Block(1, (Backward((1,)),)), Backward((0,)))),)),
     WorldSpec(_TWO, (), _SHARED, (Block(0, (Statement(1, (Raise(),)),)), Block(1, (Backward((1,)),)))),
     WorldSpec(_TWO, (), _SHARED, (Block(0, (Statement(1, (Backward((1,)),)), Backward((0,)))),)),

@@ -1,0 +1,179 @@
+"""Lightning's own idioms typed into a block, and the object a statement toggle returns.
+
+* A ``step()`` of the block's optimizer inside a block that steps on exit is refused at the exit
+  (never a silent double step), naming both fixes; nothing is added to the optimizer.
+* A block inside an open statement toggle, or inside Lightning's own ``toggled_optimizer``, nests as
+  inside a block; the statement itself stays exactly Lightning's.
+* After ``untoggle_optimizer`` the object a statement toggle returned holds nothing, and says so.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import pickle
+import weakref
+from typing import Any
+
+import pytest
+import torch
+
+import toggleshim
+from tests import _training_models as M
+from tests._fixtures import state, three_heads
+
+# -- a step inside the block ----------------------------------------------------------------------
+
+
+def test_a_step_inside_a_stepping_block_is_refused_at_the_exit(flavour: str) -> None:
+    module = three_heads(flavour)
+    opt = module.opts[0]
+    before = state(module)
+    weight = module.a.weight.detach().clone()
+    with pytest.raises(RuntimeError, match=r"step\(\) ran inside") as caught, module.toggle_optimizer(opt):
+        module.a.weight.sum().backward()
+        opt.step()  # Lightning's toggled_optimizer idiom, one letter off
+    message = str(caught.value)
+    assert "step=False" in message and "drop the call" in message
+    assert state(module) == before  # untoggled all the same
+    once = weight - 0.1 * module.a.weight.grad  # SGD, momentum buffer empty at the first step: one update
+    assert torch.equal(module.a.weight.detach(), once)
+
+
+def test_a_step_inside_a_block_with_step_false_is_the_users(flavour: str) -> None:
+    module = three_heads(flavour)
+    opt = module.opts[0]
+    with module.toggle_optimizer(opt, step=False):
+        module.a.weight.sum().backward()
+        opt.step()
+    with module.toggle_optimizer(opt):  # and a block that leaves the stepping to its exit
+        module.a.weight.sum().backward()
+
+
+def test_a_step_of_another_optimizer_inside_a_block_is_fine(flavour: str) -> None:
+    module = three_heads(flavour)
+    with module.toggle_optimizer(module.opts[0]):
+        with module.toggle_optimizer(module.opts[1]):  # its exit steps optimizer 1
+            module.b.weight.sum().backward()
+        module.a.weight.sum().backward()
+
+
+def test_a_nested_block_over_the_same_optimizer_steps_once(flavour: str) -> None:
+    module = three_heads(flavour)
+    opt = module.opts[0]
+    with (
+        pytest.raises(RuntimeError, match=r"step\(\) ran inside"),
+        module.toggle_optimizer(opt),
+        module.toggle_optimizer(opt),  # its exit steps, the enclosing one's refuses to
+    ):
+        module.a.weight.sum().backward()
+
+
+def test_watching_for_steps_leaves_the_optimizer_as_it_was(flavour: str) -> None:
+    """Nothing is added to the optimizer: its state_dict, deepcopy and pickle are unchanged."""
+    module = three_heads(flavour)
+    opt = module.opts[0]
+    with module.toggle_optimizer(opt):
+        module.a.weight.sum().backward()
+        inside = (vars(opt).keys(), dict(opt._optimizer_step_post_hooks), pickle.dumps(opt.state_dict()))
+        copy.deepcopy(opt)
+    after = (vars(opt).keys(), dict(opt._optimizer_step_post_hooks), pickle.dumps(opt.state_dict()))
+    fresh = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1, momentum=0.9)
+    assert inside[0] == after[0] == vars(fresh).keys()
+    assert inside[1] == after[1] == {}
+    pickle.loads(pickle.dumps(opt))
+
+
+def test_lightning_idiom_typed_into_a_block_fails_at_the_first_batch_in_trainer_fit(flavour: str) -> None:
+    pl = M.flavour_module(flavour)
+
+    class Idiom(M.gan_class(pl)):  # type: ignore[misc]
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            x, z = batch
+            _, d_opt = self.optimizers()
+            with self.toggle_optimizer(d_opt):  # the documented toggled_optimizer body
+                d_opt.zero_grad()
+                self.manual_backward(self.d_loss(x, z))
+                d_opt.step()
+
+    model = Idiom()
+    trainer = pl.Trainer(max_epochs=1, **M.TRAINER_DEFAULTS)
+    with pytest.raises(RuntimeError, match=r"step\(\) ran inside"):
+        trainer.fit(model, M.loader(8, 4))
+    assert trainer.global_step == 1  # the body's own step ran, the block did not step again
+
+
+# -- a block inside an open statement toggle ----------------------------------------------------------
+
+
+def _nested_inside(flavour: str, open_outer: Any, close_outer: Any) -> None:
+    """Inside the statement toggle over optimizer 0 (heads a, with a.weight shared by optimizer 1), a
+    block over optimizer 1: its own parameters trainable (a.weight too), the others frozen; leaving it
+    restores exactly what was there; the statement's untoggle then is Lightning's."""
+    module = three_heads(flavour, n_opt=3, shared=True)
+    opt0, opt1 = module.opts[0], module.opts[1]
+    before = state(module)
+    open_outer(module, opt0)
+    inside_statement = state(module)
+    record = module._param_requires_grad_state
+    with module.toggle_optimizer(opt1):
+        assert state(module) == {"a.weight": True, "a.bias": False, "b.weight": True, "b.bias": True,
+                                 "c.weight": False, "c.bias": False, "free": True}
+        (module.b.weight.sum() + module.a.weight.sum()).backward()
+    assert state(module) == inside_statement
+    assert module._param_requires_grad_state is record
+    close_outer(module, opt0)
+    assert state(module) == before
+
+
+def test_a_block_inside_an_open_statement_toggle_nests(flavour: str) -> None:
+    _nested_inside(flavour, lambda m, o: m.toggle_optimizer(o), lambda m, o: m.untoggle_optimizer(o))
+
+
+def test_a_block_inside_lightnings_toggled_optimizer_nests(flavour: str) -> None:
+    module = three_heads(flavour)
+    if not hasattr(module, "toggled_optimizer"):
+        pytest.skip("this Lightning has no toggled_optimizer (added in 2.5.1)")
+    contexts: list[Any] = []
+
+    def open_outer(m: Any, o: Any) -> None:
+        contexts.append(m.toggled_optimizer(o))
+        contexts[-1].__enter__()
+
+    _nested_inside(flavour, open_outer, lambda m, o: contexts[-1].__exit__(None, None, None))
+
+
+def test_a_statement_toggle_inside_a_statement_toggle_stays_lightnings(flavour: str) -> None:
+    """Lightning's own flat behaviour (its nesting defect included): toggleshim does not change statements."""
+    module = three_heads(flavour, n_opt=2)
+    module.toggle_optimizer(module.opts[0])
+    module.toggle_optimizer(module.opts[1])
+    assert not module.b.weight.requires_grad  # frozen by the first toggle, recorded frozen by the second
+    module.untoggle_optimizer(module.opts[1])
+    module.untoggle_optimizer(module.opts[0])
+    assert not module.b.weight.requires_grad  # Lightning's defect, kept for statements
+
+
+# -- the object a statement toggle returns -----------------------------------------------------------
+
+
+def test_a_kept_statement_toggle_holds_nothing_after_its_untoggle(flavour: str) -> None:
+    module = three_heads(flavour)
+    kept = module.toggle_optimizer(module.opts[0])  # as IPython's Out[] keeps a cell's value
+    assert "toggled" in repr(kept)
+    module.untoggle_optimizer(module.opts[0])
+    assert repr(kept) == "<toggleshim.Toggle untoggled (holds nothing)>"
+    module_ref, opt_ref = weakref.ref(module), weakref.ref(module.opts[0])
+    param_ref = weakref.ref(module.a.weight)
+    del module
+    gc.collect()
+    assert module_ref() is None and opt_ref() is None and param_ref() is None
+    with pytest.raises(RuntimeError, match="undone or superseded"), kept:
+        pass
+
+
+def test_toggleshim_toggle_is_typed_and_exact_for_a_kept_statement(flavour: str) -> None:
+    module = three_heads(flavour)
+    kept = toggleshim.toggle(module, module.opts[1])
+    module.untoggle_optimizer(module.opts[1])
+    assert "holds nothing" in repr(kept)
