@@ -203,6 +203,35 @@ def test_lightning_behind_a_finder_after_uninstall_is_left_alone_until_install()
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
 
 
+@pytest.mark.parametrize("finder", ["in front", "none"])
+def test_warning_at_a_lightning_import_points_at_lightnings_import_statement(finder: str) -> None:
+    """The gate's warning for a flavour imported later points where that import happened in
+    Lightning's package (the meta_path hook: the statement importing core.module; the audit hook:
+    the next import statement), never into toggleshim."""
+    code = textwrap.dedent("""
+        import importlib.machinery, os, sys, warnings
+        import toggleshim
+        from toggleshim import _known
+        _known.KNOWN.clear()  # the installed Lightning's code is now unverified to toggleshim: a warning
+
+        class Delegating:
+            def find_spec(self, fullname, path, target=None):
+                return importlib.machinery.PathFinder.find_spec(fullname, path, target)
+
+        if {behind}:
+            sys.meta_path.insert(0, Delegating())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import lightning.pytorch
+        (w,) = [w for w in caught if issubclass(w.category, toggleshim.ToggleshimWarning)]
+        package = os.path.dirname(lightning.pytorch.__file__)
+        assert w.filename.startswith(package + os.sep), w.filename
+        print(os.path.relpath(w.filename, package), w.lineno)
+    """).format(behind=finder == "in front")
+    proc = _run([sys.executable, "-c", code])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 # the audit hook itself (in this process): never raises what it can hold back, never holds back an interrupt
 
 
@@ -232,8 +261,9 @@ def test_audit_hook_turns_a_failure_into_a_warning_naming_it(unjudged: str, monk
         patch.setattr(_patch, "_classify", broken)
         warnings.simplefilter("always")
         _patch._audit("import", ("json", None, sys.path, sys.meta_path, sys.path_hooks))  # returns
-        (msg,) = [str(w.message) for w in caught if f"could not patch {unjudged} " in str(w.message)]
-        assert issubclass(caught[0].category, toggleshim.ToggleshimWarning) and "ValueError: a broken gate" in msg
+        (w,) = [w for w in caught if f"could not patch {unjudged} " in str(w.message)]
+        assert issubclass(w.category, toggleshim.ToggleshimWarning) and "ValueError: a broken gate" in str(w.message)
+        assert w.filename == __file__  # at the import statement that raised the event: here
         with pytest.raises(ValueError, match="a broken gate"):  # install() tries again: the error, unchanged
             toggleshim.install()
 

@@ -192,7 +192,8 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
-        _judge_on_import(_hook_trust_unknown[0], stacklevel=2)  # the import statement (importlib's frames skipped)
+        # from here: this, the import statement (2; warnings skips importlib's frames); one frame down
+        _judge_on_import(_hook_trust_unknown[0], stacklevel=3)
 
 
 class _ImportHook:
@@ -246,9 +247,10 @@ def _backstop() -> None:
     try:
         if _armed[0] and any(_loaded(n, d) is not None and _judged.get(f"{n}.core.module") is not
                              sys.modules.get(f"{n}.core.module") for n, d in _FLAVOURS):
-            _judge_on_import(_hook_trust_unknown[0], stacklevel=3)  # this, _audit, the import statement
+            # from here: this, _audit, the import statement (3); one frame down
+            _judge_on_import(_hook_trust_unknown[0], stacklevel=4)
     except Exception as error:  # nothing may leave an audit hook: it would fail the import it runs in
-        _report_failure(error, stacklevel=3)
+        _report_failure(error, stacklevel=4)
     finally:
         _backstop_lock.release()
 
