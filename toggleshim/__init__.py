@@ -7,10 +7,12 @@ gradients on entry, steps on a clean exit and always untoggles. For type-checked
 ``with toggleshim.toggle(self, opt):`` is the same block with a precise type.
 """
 
-from toggleshim._patch import ToggleshimWarning, install, is_installed, uninstall
+from toggleshim._patch import ToggleshimWarning, _install_at_import, install, is_installed, uninstall
 from toggleshim._toggle import Toggle, toggle
 
 __all__ = ["Toggle", "ToggleshimWarning", "__version__", "install", "is_installed", "toggle", "uninstall"]
 __version__ = "0.1.0"
 
-install()
+# install(), except that a ToggleshimWarning the filters turn into an error (python -W error) is
+# raised from toggleshim's next entry point instead of failing this import
+_install_at_import()

@@ -12,16 +12,25 @@ before replacing it (never wrap somebody else's wrapper); mark the replacement w
 points at the exact original, so ``install()`` is idempotent and ``uninstall()`` restores the very same
 object, also after ``importlib.reload(toggleshim)``; and with a weak reference to itself, so that
 someone else's wrapper carrying a copy of the marks (``functools.wraps`` copies ``__dict__``) is theirs.
+
+A flavour imported after toggleshim is patched the moment its ``core.module`` has run, by the
+``sys.meta_path`` hook; where another finder placed in front of it answers first (typeguard's import
+hook, a delegating finder), by the audit hook on the next import (it cannot be displaced). A warning
+the filters turn into an error is never raised inside an import: it is kept and raised from
+toggleshim's next entry point (docs/guarantees.md, "Other import hooks, warnings as errors").
 """
 
 import contextlib
+import functools
 import importlib
 import importlib.abc
 import inspect
 import sys
+import threading
+import traceback
 import types
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -86,6 +95,86 @@ def _flavours() -> list[_Flavour]:
 
 _HOOKED = frozenset(f"{name}.core.module" for name, _ in _FLAVOURS)
 _hook_trust_unknown = [False]
+# "<flavour>.core.module" -> that module object, once install() (or a hook) has judged its flavour:
+# the audit hook acts only on a core.module nobody judged yet (imported behind another finder)
+_judged: dict[str, Any] = {}
+_armed = [False]  # install() ran and uninstall() has not since: the audit hook may patch
+_backstop_lock = threading.Lock()  # one audit-hook install at a time; its own imports re-enter it
+# flavour name -> a ToggleshimWarning the filters turned into an error inside an import, kept to be
+# raised from toggleshim's next entry point (install(), the fallback toggle_optimizer, toggle())
+_pending: dict[str, str] = {}
+_DEFERRED = (
+    " [Raised here, not during the import where it arose: the warnings filters turn it into an error, "
+    "and an error there would fail that import.]"
+)
+# ``stacklevel`` below: the frame a warning points at, counted as ``warnings.warn`` counts it from
+# the function that takes it (1: that function); one frame down passes ``stacklevel + 1``.
+
+
+def _warn(message: str, stacklevel: int, defer: str | None = None) -> None:
+    """``warnings.warn(ToggleshimWarning(message))``; with ``defer`` (a flavour's name), a warning the
+    filters raise as an error is kept in ``_pending`` instead of raised (only that very warning:
+    anything else raised propagates)."""
+    warning = ToggleshimWarning(message)
+    try:
+        warnings.warn(warning, stacklevel=stacklevel)
+    except ToggleshimWarning as raised:
+        if defer is None or raised is not warning:
+            raise
+        _pending[defer] = message + _DEFERRED
+
+
+def _emit_pending(names: Iterable[str], stacklevel: int) -> None:
+    """Raise (or show) the kept warnings of ``names``. Each stays kept while the filters raise it as
+    an error, and is dropped once shown, recorded or ignored."""
+    for name in [n for n in names if n in _pending]:
+        warnings.warn(ToggleshimWarning(_pending[name]), stacklevel=stacklevel)
+        _pending.pop(name, None)
+
+
+def _judge_on_import(trust_unknown: bool, stacklevel: int) -> None:
+    """``_install`` at an import (the meta_path hook's loader, the audit hook): its warnings kept if
+    the filters raise them, and its own failure (an ``Exception``) reported instead of raised, so that
+    the import it runs in completes. ``KeyboardInterrupt`` and ``SystemExit`` propagate."""
+    try:
+        _install(trust_unknown, defer=True, stacklevel=stacklevel + 1)
+    except Exception as error:
+        _report_failure(error, stacklevel + 1)
+
+
+def _report_failure(error: Exception, stacklevel: int) -> None:
+    """``error`` (raised by an install at an import, where raising would fail that import): a
+    ToggleshimWarning naming it for each flavour left unpatched, at that import. Where the warning
+    cannot be shown (the filters raise it, a ``showwarning`` fails), ``error`` itself goes to
+    ``sys.unraisablehook``, Python's channel for exceptions that cannot propagate (it prints the
+    traceback; pytest turns it into a warning). ``install()`` tries again, raising it if it recurs."""
+    try:
+        text = "".join(traceback.format_exception_only(type(error), error)).strip()
+        names = [n for n, d in _FLAVOURS if (f := _loaded(n, d)) is not None and _mode(f) is None]
+        for name in names:
+            _judged[f"{name}.core.module"] = sys.modules.get(f"{name}.core.module")  # not at every import
+            message = (
+                f"toggleshim could not patch {name} when it was imported: {text}. `with "
+                "self.toggle_optimizer(...)` will not work there; `toggleshim.install()` tries again (and "
+                "raises that error if it recurs)."
+            )
+            warning = ToggleshimWarning(message)
+            try:
+                warnings.warn(warning, stacklevel=stacklevel)
+            except ToggleshimWarning as raised:
+                if raised is not warning:
+                    raise
+                _unraisable(error, f"toggleshim could not patch {name} when it was imported")
+    except Exception:
+        _unraisable(error, "toggleshim could not patch a Lightning flavour when it was imported")
+
+
+def _unraisable(error: BaseException, message: str) -> None:
+    # a failing unraisablehook is the end of the line: nothing is left to report through
+    with contextlib.suppress(Exception):
+        sys.unraisablehook(types.SimpleNamespace(
+            exc_type=type(error), exc_value=error, exc_traceback=error.__traceback__, err_msg=message, object=None
+        ))
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -102,7 +191,8 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
-        _install(_hook_trust_unknown[0])
+        # from here: this, the import statement (2; warnings skips importlib's frames); one frame down
+        _judge_on_import(_hook_trust_unknown[0], stacklevel=3)
 
 
 class _ImportHook:
@@ -127,8 +217,52 @@ def _hooks() -> list[Any]:
     return [f for f in sys.meta_path if type(f).__name__ == "_ImportHook" and type(f).__module__ == __name__]
 
 
+_CORE_MODULES = tuple(sorted(_HOOKED))
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    """The backstop behind the meta_path hook: CPython raises the "import" audit event for every
+    import of a module not loaded yet, before any finder runs, and an audit hook cannot be removed
+    or displaced. So where a finder in front of ours found ``<flavour>.core.module`` itself, the next
+    import after it ran (Lightning's package keeps importing) installs as the hook would have.
+
+    Runs for EVERY audit event of the process (opening a file, ``sys._getframe``...): the first line
+    returns for all but imports; then a flag and two dict lookups. Never raises but what it cannot
+    hold back (KeyboardInterrupt, SystemExit): an exception here would fail the import it runs in.
+    """
+    if event != "import":
+        return
+    if _armed[0]:
+        for key in _CORE_MODULES:
+            module = sys.modules.get(key)
+            if module is not None and _judged.get(key) is not module:
+                _backstop()
+                return
+
+
+def _backstop() -> None:
+    if not _backstop_lock.acquire(blocking=False):
+        return  # our own imports (importlib.metadata, torch._dynamo) re-enter here; or another thread is at it
+    try:
+        if _armed[0] and any(_loaded(n, d) is not None and _judged.get(f"{n}.core.module") is not
+                             sys.modules.get(f"{n}.core.module") for n, d in _FLAVOURS):
+            # from here: this, _audit, the import statement (3); one frame down
+            _judge_on_import(_hook_trust_unknown[0], stacklevel=4)
+    except Exception as error:  # nothing may leave an audit hook: it would fail the import it runs in
+        _report_failure(error, stacklevel=4)
+    finally:
+        _backstop_lock.release()
+
+
+# Once per process: importlib.reload runs this again in the same namespace (where the flag already
+# is), and the hook added first reads the module's names at each call, so it serves the reloaded code.
+if not globals().get("_audit_added"):
+    sys.addaudithook(_audit)
+    _audit_added = True
+
+
 def _core(fn: Any) -> Any:
-    """The plain function under a ``torch.compiler.disable`` marking, else ``fn``.
+    """The plain function under a ``torch.compiler.disable`` marking or ``@beartype``'s wrapper, else ``fn``.
 
     Only under torch's own wrapper: ``functools.wraps`` copies the marks onto someone else's wrapper
     too; torch tells its own by ``_torchdynamo_wrapper_id == id(wrapper)`` (where a torch sets no
@@ -136,7 +270,20 @@ def _core(fn: Any) -> Any:
     """
     if getattr(fn, "_torchdynamo_disable", False) and getattr(fn, "_torchdynamo_wrapper_id", id(fn)) == id(fn):
         return getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", fn)
+    if _is_beartype_wrapper(fn):
+        return _core(fn.__wrapped__)
     return fn
+
+
+def _is_beartype_wrapper(fn: Any) -> bool:
+    """``@beartype``'s type-checking wrapper (``beartype.claw`` puts one on every method it decorates):
+    its mark and, what ``functools.wraps`` cannot copy onto someone else's, its generated code's name."""
+    code = getattr(fn, "__code__", None)
+    return (
+        getattr(fn, "__beartype_wrapper", False) is True
+        and hasattr(fn, "__wrapped__")
+        and getattr(code, "co_filename", "").startswith("<@beartype(")
+    )
 
 
 def _label(flavour: _Flavour) -> str:
@@ -268,11 +415,28 @@ def _finish(replacement: Callable[..., Any], original: Any, mode: str) -> Callab
 _original_of = original_of  # the one rule for "ours": toggleshim/_ours.py
 
 
-def _make_fallback(flavour: _Flavour) -> Callable[..., Any]:
+def _make_fallback(flavour: _Flavour, name: str | None = None) -> Callable[..., Any]:
+    """The fallback ``toggle_optimizer``; with ``name``, one that first raises (or shows) the warning
+    kept for flavour ``name``, before anything changes."""
     cls_dict = vars(flavour.module_cls)
     original = cls_dict["toggle_optimizer"]
     fallback = make_fallback(original, _label(flavour))
+    if name is not None:
+        fallback = _warning_first(fallback, name)
     return _finish(fallback, original, "fallback")
+
+
+def _warning_first(fallback: Callable[..., Any], name: str) -> Callable[..., Any]:
+    # functools.wraps copies the fallback's mark, so that toggleshim.toggle() routes through this too
+    @functools.wraps(fallback)
+    def toggle_optimizer(
+        self: Any, optimizer: Any, zero_grad: bool = True, step: bool = True, sync_grad: bool = True
+    ) -> Any:
+        if name in _pending:
+            _emit_pending((name,), stacklevel=3)  # frames: _emit_pending, this, the caller
+        return fallback(self, optimizer, zero_grad, step, sync_grad)
+
+    return toggle_optimizer
 
 
 def install() -> None:
@@ -286,16 +450,35 @@ def install() -> None:
     with one :class:`ToggleshimWarning`. Anything else (someone else's patch, a changed signature)
     is left untouched with a :class:`ToggleshimWarning`. Subclasses that define their own
     ``toggle_optimizer`` are never touched.
+
+    A warning the filters turned into an error during an import (``import toggleshim``, or a
+    flavour's) was kept: this raises it first, and then changes nothing.
     """
+    _emit_pending(list(_pending), stacklevel=3)
     _install(False)
 
 
-def _install(trust_unknown: bool) -> None:
-    """``install()``; ``trust_unknown`` installs the shim on unverified code too (``toggleshim check``)."""
+def _install_at_import() -> None:
+    """``import toggleshim``'s ``install()``: a warning the filters turn into an error is kept (raised
+    from toggleshim's next entry point), so that the import completes."""
+    _install(False, defer=True, stacklevel=3)  # toggleshim/__init__.py, as install() there points
+
+
+def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> None:
+    """``install()``; ``trust_unknown`` installs the shim on unverified code too (``toggleshim check``).
+
+    ``defer`` (at an import): a warning the filters raise as an error is kept in ``_pending`` and, on
+    a fallback, raised by its first call, instead of raised here. ``stacklevel``: the frame warnings
+    point at, counting this function as 1."""
     _hook_trust_unknown[0] = trust_unknown
+    _armed[0] = True
     if not _hooks():
         sys.meta_path.insert(0, _ImportHook())
+    for name, _ in _FLAVOURS:
+        key = f"{name}.core.module"
+        _judged[key] = sys.modules.get(key)
     for flavour in _flavours():
+        kept = flavour.name if defer else None
         cls_dict = vars(flavour.module_cls)
         if _original_of(cls_dict.get("toggle_optimizer")) is not None:
             continue
@@ -305,24 +488,25 @@ def _install(trust_unknown: bool) -> None:
         originals = vars(found.module_cls)
         mode, reason = _classify(found)
         if mode == "refuse":
-            warnings.warn(
+            _warn(
                 f"toggleshim left {_label(flavour)} untouched: {reason}. `with self.toggle_optimizer(...)` "
                 "will not work there: it fails with Python's TypeError ('NoneType' object does not support "
                 "the context manager protocol) unless that replacement returns a context manager.",
-                ToggleshimWarning,
-                stacklevel=3,
+                stacklevel + 1,
+                kept,
             )
             continue
         if mode == "fallback" and not trust_unknown:
-            warnings.warn(
+            _warn(
                 f"toggleshim: {_label(flavour)}: {reason}. `with self.toggle_optimizer(opt):` runs "
                 "Lightning's own sequence there (its toggle; zero_grad; the block; step; its untoggle in "
                 "`finally`), statements stay Lightning's own, and nested blocks raise an error. Run "
                 "`python -m toggleshim check`, pin Lightning to a release toggleshim verified, and report it.",
-                ToggleshimWarning,
-                stacklevel=3,
+                stacklevel + 1,
+                kept,
             )
-            setattr(flavour.module_cls, _PATCHED[0], _make_fallback(found))
+            held = flavour.name if flavour.name in _pending else None
+            setattr(flavour.module_cls, _PATCHED[0], _make_fallback(found, held))
             if _original_of(cls_dict["untoggle_optimizer"]) is not None:  # the fallback keeps Lightning's own
                 setattr(flavour.module_cls, _PATCHED[1], originals["untoggle_optimizer"])
             continue
@@ -332,6 +516,8 @@ def _install(trust_unknown: bool) -> None:
 
 def uninstall() -> None:
     """Put back the exact original function objects on every flavour (a no-op where not installed)."""
+    _armed[0] = False
+    _pending.clear()  # about what toggleshim did, undone now: install() judges afresh
     for hook in _hooks():
         sys.meta_path.remove(hook)
     for flavour in _flavours():
@@ -373,7 +559,7 @@ def _trusting() -> Iterator[None]:
     ``toggleshim check`` tests); afterwards the exact objects found before, and the import hook as found."""
     flavours = _flavours()
     saved = {(f.module_cls, name): vars(f.module_cls).get(name) for f in flavours for name in _PATCHED}
-    hooked = bool(_hooks())
+    hooked, armed, pending = bool(_hooks()), _armed[0], dict(_pending)
     uninstall()
     _install(True)
     try:
@@ -384,6 +570,8 @@ def _trusting() -> Iterator[None]:
             if fn is not None:
                 setattr(cls, name, fn)
         _hook_trust_unknown[0] = False
+        _armed[0] = armed
+        _pending.update(pending)
         if hooked:
             sys.meta_path.insert(0, _ImportHook())
 _keep_dynamo_out(globals())

@@ -1,0 +1,438 @@
+"""Import orders toggleshim must survive (issue 25, points 4 and 5), each in a fresh process, as users run it.
+
+Another import hook in front of toggleshim's (typeguard's import hook, ``beartype.claw``, a plain finder
+delegating to ``PathFinder``): Lightning imported after it is still patched, by the audit hook, and a
+``with`` block runs under a real ``Trainer.fit``. Warnings as errors (``python -W error``, pytest's
+``filterwarnings = error``), in both import orders, on verified and on unverified toggle code: the
+imports complete, and toggleshim's warning is raised from toggleshim's own entry points (the fallback
+``toggle_optimizer``, ``toggleshim.toggle()``, ``install()``) before anything changes.
+
+The unverified code: with toggleshim first, its list of verified code is emptied before Lightning is
+imported (the installed Lightning's code is then unverified to it); with Lightning first, its toggle
+is replaced by a changed copy under the label 2.7.0 before ``import toggleshim`` (``_fake_release``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _fixtures import state, three_heads
+
+import toggleshim
+from toggleshim import _patch
+
+TESTS = Path(__file__).parent
+WORKTREE = TESTS.parent
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(WORKTREE), os.environ.get("PYTHONPATH", "")])}
+
+
+def _run(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, env=_env(), timeout=600, cwd=cwd)
+
+
+# A tiny GAN-like module under a real Trainer, manual optimization, one `with` block per optimizer:
+# inside each block only that optimizer's parameters train; every step really updates.
+_FIT = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+import {flavour} as pl
+
+class TwoHeads(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.a, self.b = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+        self.inside = []
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.a.parameters(), lr=0.1), torch.optim.SGD(self.b.parameters(), lr=0.1)
+
+    def training_step(self, batch, batch_idx):
+        opt_a, opt_b = self.optimizers()
+        (x,) = batch
+        with self.toggle_optimizer(opt_a):
+            self.inside.append((self.a.weight.requires_grad, self.b.weight.requires_grad))
+            self.manual_backward((self.a(x) + self.b(x)).pow(2).mean())
+        with self.toggle_optimizer(opt_b):
+            self.inside.append((self.a.weight.requires_grad, self.b.weight.requires_grad))
+            self.manual_backward((self.a(x) - self.b(x)).pow(2).mean())
+
+model = TwoHeads()
+before = [p.detach().clone() for p in model.parameters()]
+trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(model, DataLoader(TensorDataset(torch.randn(12, 2, generator=torch.Generator().manual_seed(0))),
+                              batch_size=4))
+assert model.inside == [(True, False), (False, True)] * 3, model.inside
+assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters())), "a step did not happen"
+assert all(p.requires_grad for p in model.parameters())
+print("fit ok")
+"""
+
+# Under typeguard's and beartype's checks Lightning's own Trainer.fit fails on Lightning's own hints
+# (a 0 returned for a bool), with or without toggleshim: there the module gets a real Trainer, not fit.
+_ATTACHED = """
+import torch
+import {flavour} as pl
+
+class TwoHeads(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+
+m = TwoHeads()
+opts = [torch.optim.SGD(m.a.parameters(), lr=0.1), torch.optim.SGD(m.b.parameters(), lr=0.1)]
+trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+trainer.strategy.optimizers = opts
+m.trainer = trainer
+before = m.b.weight.detach().clone()
+with m.toggle_optimizer(opts[1]) as opt:
+    assert opt is opts[1] and not m.a.weight.requires_grad and m.b.weight.requires_grad
+    (m.a(torch.ones(1, 2)) + m.b(torch.ones(1, 2))).sum().backward()
+assert m.a.weight.requires_grad and m.a.weight.grad is None and not torch.equal(before, m.b.weight)
+print("block ok")
+"""
+
+_PATCHED = """
+import sys
+from toggleshim import _patch
+cls = sys.modules["{flavour}"].LightningModule
+assert toggleshim.is_installed()
+assert vars(cls)["toggle_optimizer"].__module__ == "toggleshim._toggle", vars(cls)["toggle_optimizer"]
+assert _patch._original_of(vars(cls)["toggle_optimizer"]) is not None
+assert _patch._original_of(vars(cls)["untoggle_optimizer"]) is not None
+loader = sys.modules["{flavour}.core.module"].__spec__.loader
+print("loaded by", type(loader).__name__)
+"""
+
+
+# point 4: an import hook in front of toggleshim's
+
+
+@pytest.mark.parametrize("name", ["lightning.pytorch", "pytorch_lightning"])
+def test_lightning_behind_a_delegating_finder_is_patched_and_trains(name: str) -> None:
+    code = textwrap.dedent("""
+        import importlib.machinery, sys, warnings
+        import toggleshim
+
+        class Delegating:  # answers for every module itself: toggleshim's hook is never asked
+            def find_spec(self, fullname, path, target=None):
+                return importlib.machinery.PathFinder.find_spec(fullname, path, target)
+
+        sys.meta_path.insert(0, Delegating())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import {flavour}
+        assert not [w for w in caught if issubclass(w.category, toggleshim.ToggleshimWarning)], caught
+    """).format(flavour=name) + _PATCHED.format(flavour=name) + _FIT.format(flavour=name)
+    proc = _run([sys.executable, "-c", code])
+    assert proc.returncode == 0, proc.stderr
+    # the delegating finder's loader ran core.module (not toggleshim's): the audit hook patched it
+    assert "loaded by SourceFileLoader" in proc.stdout and "fit ok" in proc.stdout, proc.stdout
+
+
+def test_lightning_behind_typeguards_import_hook_is_patched() -> None:
+    code = textwrap.dedent("""
+        import sys
+        import toggleshim
+        from typeguard import install_import_hook
+        install_import_hook(["lightning"])  # its finder goes in front and instruments lightning.*
+        assert type(sys.meta_path[0]).__name__ == "TypeguardFinder", sys.meta_path
+        import lightning.pytorch
+    """) + _PATCHED.format(flavour="lightning.pytorch") + _ATTACHED.format(flavour="lightning.pytorch")
+    proc = _run([sys.executable, "-W", "ignore", "-c", code])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "loaded by TypeguardLoader" in proc.stdout and "block ok" in proc.stdout, proc.stdout
+
+
+def test_lightning_under_beartype_claw_is_patched_and_uninstall_gives_beartypes_method_back() -> None:
+    code = textwrap.dedent("""
+        import sys
+        import toggleshim
+        from beartype import BeartypeConf
+        from beartype.claw import beartype_package
+        # its path hook's loader decorates every method with @beartype; checking annotated assignments
+        # too (the default), LightningModule() fails on Lightning's own hints (a NameError), toggleshim or not
+        beartype_package("lightning", conf=BeartypeConf(claw_is_pep526=False))
+        import lightning.pytorch
+    """) + _PATCHED.format(flavour="lightning.pytorch") + textwrap.dedent("""
+        cls = lightning.pytorch.LightningModule
+        originals = [_patch._original_of(vars(cls)[n]) for n in ("toggle_optimizer", "untoggle_optimizer")]
+        assert all(getattr(o, "__beartype_wrapper", False) for o in originals), originals  # beartype's, kept
+    """) + _ATTACHED.format(flavour="lightning.pytorch") + textwrap.dedent("""
+        toggleshim.uninstall()
+        assert [vars(cls)[n] for n in ("toggle_optimizer", "untoggle_optimizer")] == originals
+        print("uninstalled")
+    """)
+    proc = _run([sys.executable, "-W", "ignore", "-c", code])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "block ok" in proc.stdout and "uninstalled" in proc.stdout, proc.stdout
+
+
+def test_lightning_behind_a_finder_after_uninstall_is_left_alone_until_install() -> None:
+    code = textwrap.dedent("""
+        import importlib.machinery, sys
+        import toggleshim
+
+        class Delegating:
+            def find_spec(self, fullname, path, target=None):
+                return importlib.machinery.PathFinder.find_spec(fullname, path, target)
+
+        toggleshim.uninstall()
+        sys.meta_path.insert(0, Delegating())
+        import lightning.pytorch as pl
+        import json.tool  # more imports: the audit hook stays inert
+        assert not toggleshim.is_installed()
+        assert not hasattr(vars(pl.LightningModule)["toggle_optimizer"], "_toggleshim_original")
+        toggleshim.install()
+        assert toggleshim.is_installed()
+        print("ok")
+    """)
+    proc = _run([sys.executable, "-c", code])
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("finder", ["in front", "none"])
+def test_warning_at_a_lightning_import_points_at_lightnings_import_statement(finder: str) -> None:
+    """The gate's warning for a flavour imported later points where that import happened in
+    Lightning's package (the meta_path hook: the statement importing core.module; the audit hook:
+    the next import statement), never into toggleshim."""
+    code = textwrap.dedent("""
+        import importlib.machinery, os, sys, warnings
+        import toggleshim
+        from toggleshim import _known
+        _known.KNOWN.clear()  # the installed Lightning's code is now unverified to toggleshim: a warning
+
+        class Delegating:
+            def find_spec(self, fullname, path, target=None):
+                return importlib.machinery.PathFinder.find_spec(fullname, path, target)
+
+        if {behind}:
+            sys.meta_path.insert(0, Delegating())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import lightning.pytorch
+        (w,) = [w for w in caught if issubclass(w.category, toggleshim.ToggleshimWarning)]
+        package = os.path.dirname(lightning.pytorch.__file__)
+        assert w.filename.startswith(package + os.sep), w.filename
+        print(os.path.relpath(w.filename, package), w.lineno)
+    """).format(behind=finder == "in front")
+    proc = _run([sys.executable, "-c", code])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# the audit hook itself (in this process): never raises what it can hold back, never holds back an interrupt
+
+
+@pytest.fixture
+def unjudged(monkeypatch: pytest.MonkeyPatch, flavour: str) -> Iterator[str]:
+    """``flavour`` as if its ``core.module`` ran behind another finder: unpatched, not judged yet."""
+    toggleshim.uninstall()
+    _patch._armed[0] = True  # as install() left it (uninstall() and install() at the end put it right)
+    monkeypatch.setitem(_patch._judged, f"{flavour}.core.module", None)
+    yield flavour
+    toggleshim.uninstall()
+    toggleshim.install()
+
+
+def test_audit_hook_ignores_every_other_event(unjudged: str) -> None:
+    _patch._audit("open", ("x", "r", 0))
+    assert _patch._judged[f"{unjudged}.core.module"] is None and not toggleshim.is_installed()
+    _patch._audit("import", ("json", None, sys.path, sys.meta_path, sys.path_hooks))
+    assert toggleshim.is_installed()
+
+
+def test_audit_hook_turns_a_failure_into_a_warning_naming_it(unjudged: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(flavour: Any) -> Any:
+        raise ValueError("a broken gate")
+
+    with monkeypatch.context() as patch, warnings.catch_warnings(record=True) as caught:
+        patch.setattr(_patch, "_classify", broken)
+        warnings.simplefilter("always")
+        _patch._audit("import", ("json", None, sys.path, sys.meta_path, sys.path_hooks))  # returns
+        (w,) = [w for w in caught if f"could not patch {unjudged} " in str(w.message)]
+        assert issubclass(w.category, toggleshim.ToggleshimWarning) and "ValueError: a broken gate" in str(w.message)
+        assert w.filename == __file__  # at the import statement that raised the event: here
+        with pytest.raises(ValueError, match="a broken gate"):  # install() tries again: the error, unchanged
+            toggleshim.install()
+
+
+def test_audit_hook_failure_under_warnings_as_errors_goes_to_the_unraisable_hook(
+    unjudged: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the warning naming the failure cannot be shown (the filters raise it), the very exception
+    goes to ``sys.unraisablehook`` (printed with its traceback; pytest makes it a warning)."""
+    error = ValueError("a broken gate")
+    reported: list[Any] = []
+
+    def broken(flavour: Any) -> Any:
+        raise error
+
+    with monkeypatch.context() as patch, warnings.catch_warnings():
+        patch.setattr(_patch, "_classify", broken)
+        patch.setattr(sys, "unraisablehook", reported.append)
+        warnings.simplefilter("error")
+        _patch._audit("import", ("json", None, sys.path, sys.meta_path, sys.path_hooks))  # returns
+    assert [r.exc_value for r in reported if unjudged in r.err_msg] == [error]
+    assert all(r.exc_traceback is error.__traceback__ is not None for r in reported)
+
+
+def test_audit_hook_lets_an_interrupt_through(unjudged: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    interrupt = KeyboardInterrupt()
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise interrupt
+
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt) as info:
+        patch.setattr(_patch, "_install", interrupted)
+        _patch._audit("import", ("json", None, sys.path, sys.meta_path, sys.path_hooks))
+    assert info.value is interrupt
+    assert not _patch._backstop_lock.locked()
+
+
+def test_audit_hook_under_warnings_as_errors_keeps_the_warning(unjudged: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as patch, warnings.catch_warnings():
+        patch.setattr(_patch, "KNOWN", {})  # its code unverified to toggleshim: the fallback, and a warning
+        warnings.simplefilter("error")
+        _patch._audit("import", ("json", None, sys.path, sys.meta_path, sys.path_hooks))  # returns
+        loaded = _patch._loaded(unjudged, "")
+        assert loaded is not None and _patch._mode(loaded) == "fallback"
+        m = three_heads(unjudged)
+        before = state(m)
+        with pytest.raises(toggleshim.ToggleshimWarning, match="Raised here, not during the import"):
+            m.toggle_optimizer(m.opts[0])
+        assert state(m) == before
+
+
+# point 5: warnings as errors, both import orders, verified and unverified toggle code
+
+_IMPORTS = {
+    ("toggleshim first", "verified"): """
+        import toggleshim
+        import {flavour}
+    """,
+    ("toggleshim first", "unverified"): """
+        import toggleshim
+        from toggleshim import _known
+        _known.KNOWN.clear()  # the installed Lightning's code is now unverified to toggleshim
+        import {flavour}
+    """,
+    ("lightning first", "verified"): """
+        import {flavour}
+        import toggleshim
+    """,
+    ("lightning first", "unverified"): """
+        import {flavour}
+        from _fake_release import FORCE_TRAINABLE, method_copy, relabelled
+        cls = {flavour}.LightningModule
+        cls.toggle_optimizer = method_copy(cls.toggle_optimizer, (FORCE_TRAINABLE,))
+        with relabelled("2.7.0"):
+            import toggleshim
+    """,
+}
+
+_CHECK = {
+    "verified": """
+        def check():
+            import warnings
+            import toggleshim
+            from _fixtures import three_heads, state
+            assert toggleshim.is_installed()
+            m = three_heads("{flavour}")
+            with m.toggle_optimizer(m.opts[1]):
+                assert not m.a.weight.requires_grad and m.b.weight.requires_grad
+            with toggleshim.toggle(m, m.opts[0]):
+                assert m.a.weight.requires_grad and not m.b.weight.requires_grad
+            assert all(state(m).values())
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                toggleshim.install()
+            assert caught == [], caught
+            print("checked verified")
+    """,
+    "unverified": """
+        def check():
+            import warnings
+            import toggleshim
+            from toggleshim import ToggleshimWarning
+            from _fixtures import three_heads, state
+            assert not toggleshim.is_installed()
+            m = three_heads("{flavour}")
+            before = state(m)
+            raised = []
+            for call in (lambda: m.toggle_optimizer(m.opts[0]), lambda: toggleshim.toggle(m, m.opts[0]),
+                         lambda: m.toggle_optimizer(m.opts[0], zero_grad=False), toggleshim.install):
+                try:
+                    call()  # raised before anything changes, while the filters make it an error
+                except ToggleshimWarning as w:
+                    raised.append(str(w))
+                assert state(m) == before
+            assert len(raised) == 4 and len(set(raised)) == 1, raised
+            assert "toggleshim: " in raised[0] and "({flavour})" in raised[0], raised[0]
+            assert "{words}" in raised[0] and "Raised here, not during the import" in raised[0], raised[0]
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with m.toggle_optimizer(m.opts[0], step=False):  # shown once: then gone
+                    assert m.a.weight.requires_grad and not m.b.weight.requires_grad
+            assert [str(w.message) for w in caught] == raised[:1], caught
+            assert caught[0].filename == __file__, caught[0].filename  # points at the toggle's caller
+            with m.toggle_optimizer(m.opts[0], step=False):  # delivered: no warning any more
+                pass
+            toggleshim.install()
+            print("checked unverified")
+    """,
+}
+
+_WORDS = {"toggleshim first": "code differs from every release toggleshim verified",
+          "lightning first": "toggle_optimizer code differs from every release toggleshim verified"}
+_CASES = [(order, code) for order in ("toggleshim first", "lightning first") for code in ("verified", "unverified")]
+
+
+def _user_code(order: str, code: str, flavour: str) -> tuple[str, str]:
+    imports = textwrap.dedent(_IMPORTS[order, code]).format(flavour=flavour)
+    check = textwrap.dedent(_CHECK[code]).format(flavour=flavour, words=_WORDS[order])
+    return imports, check
+
+
+@pytest.mark.parametrize(("order", "code"), _CASES)
+def test_warnings_as_errors_python_w_error(tmp_path: Path, order: str, code: str) -> None:
+    flavour = "lightning.pytorch"
+    imports, check = _user_code(order, code, flavour)
+    script = tmp_path / "train.py"
+    script.write_text(f"{imports}\nprint('imported')\n{check}\ncheck()\n")
+    proc = _run([sys.executable, "-W", "error", str(script)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["imported", f"checked {code}"], proc.stdout
+    assert "ToggleshimWarning" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(("order", "code"), _CASES)
+def test_warnings_as_errors_pytest_filterwarnings(tmp_path: Path, order: str, code: str) -> None:
+    flavour = "pytorch_lightning"
+    imports, check = _user_code(order, code, flavour)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nfilterwarnings =\n    error\n")
+    tests = f"""
+def test_imported():
+    import sys
+    assert "{flavour}.core.module" in sys.modules
+
+
+def test_toggle():
+    check()
+"""
+    (tmp_path / "test_user.py").write_text(f"{imports}\n{check}\n{tests}")
+    proc = _run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-s",
+                 "test_user.py"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "2 passed" in proc.stdout and f"checked {code}" in proc.stdout, proc.stdout
