@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -51,6 +52,16 @@ def lightning_original() -> Iterator[None]:
         yield
     finally:
         toggleshim.install()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """Tiny models: one thread is the fastest and does not fight other work for the cores (autouse in
+    the test modules that import it)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 # -- data ------------------------------------------------------------------------------------

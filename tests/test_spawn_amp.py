@@ -33,19 +33,11 @@ import _spawn_script as spawn
 import _training_models as M
 import pytest
 import torch
+from _training_models import one_thread  # noqa: F401  (an autouse fixture)
 
 from toggleshim.testing import installed_flavours
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Any:
-    # tiny models: one thread is the fastest and does not fight other work for the cores
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # -- bitwise comparison, inf and NaN included ---------------------------------------------------------

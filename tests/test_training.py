@@ -24,6 +24,7 @@ import _ddp_script as ddp
 import _training_models as M
 import pytest
 import torch
+from _training_models import one_thread  # noqa: F401  (an autouse fixture)
 from filelock import FileLock
 
 from toggleshim.testing import installed_flavours
@@ -31,15 +32,6 @@ from toggleshim.testing import installed_flavours
 ROOT = Path(__file__).resolve().parent.parent
 BATCHES, BATCH = 8, 32  # one epoch: 8 training steps, 16 optimizer steps
 CLIP = 0.05  # below the discriminator's usual gradient norm (~0.3), so clipping has work to do
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Any:
-    # tiny models: one thread is the fastest and does not fight other work for the cores
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
