@@ -1,0 +1,62 @@
+"""The package's modules import each other without a cycle (imports inside functions included)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import toggleshim
+
+PACKAGE = Path(toggleshim.__file__).parent
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module name -> the package modules it imports, at any level of its code."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        edges = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("toggleshim"):
+                edges.add(node.module)
+                edges.update(f"{node.module}.{a.name}" for a in node.names)  # `from toggleshim import _x`
+            elif isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name.startswith("toggleshim"))
+    return {name: {e for e in edges if e in graph or any(e == g for g in graph)} for name, edges in graph.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == node or node.startswith(nxt + "."):
+                continue  # a package's __init__ (re-exporting its modules): every module is imported through it
+            if state.get(nxt) == 1:
+                return [*path, node, nxt]
+            if state.get(nxt) is None:
+                found = visit(nxt, [*path, node])
+                if found:
+                    return found
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node != "toggleshim" and state.get(node) is None:
+            found = visit(node, [])
+            if found:
+                return found
+    return None
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    graph = _graph()
+    assert {"toggleshim._toggle", "toggleshim._fallback", "toggleshim._ours", "toggleshim._patch"} <= set(graph)
+    assert "toggleshim._ours" in graph["toggleshim._fallback"]  # the graph sees imports at all
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
