@@ -19,11 +19,12 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
+import itertools
 import os
 import stat
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +118,13 @@ def _prefixes(node: cst.BaseExpression) -> set[str]:
             return keys
 
 
+def _root(node: cst.BaseExpression) -> str | None:
+    """The name an attribute chain or subscript starts from: ``self.opts[0]`` -> ``self``."""
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        node = node.value
+    return node.value if isinstance(node, cst.Name) else None
+
+
 def _method_call(node: cst.CSTNode) -> tuple[cst.BaseExpression, str, cst.Call] | None:
     """``obj.name(...)`` -> (obj, name, call)."""
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
@@ -182,7 +190,15 @@ def _escape(node: cst.CSTNode, in_loop: bool = False) -> str | None:
 
 
 def _targets(node: cst.CSTNode) -> Iterator[cst.BaseExpression]:
-    """Every expression ``node`` (re)binds or deletes."""
+    """Every expression ``node`` (re)binds or deletes, through each binding form of Python's grammar:
+    assignment targets (unpacked, starred, attributes, subscripts), augmented and annotated assignment,
+    ``for`` targets, ``with ... as``, ``except ... as`` and ``except* ... as``, the walrus, ``import a.b``
+    (binds ``a``), ``import ... as``, ``from m import x [as y]``, ``def`` and ``class`` names, ``del``,
+    ``type X = ...``, and ``match`` patterns: capture and ``as`` names (also inside sequence, class,
+    mapping and or-patterns), ``*rest`` and a mapping's ``**rest``. Nested ``def``/``lambda``/``class``
+    bodies are walked too (conservative: their bindings may be ``nonlocal``). ``from m import *`` and
+    ``global``/``nonlocal`` bind names that cannot be listed here: ``_rebinds`` and ``_Migrator`` refuse
+    them. Comprehension targets are the comprehension's own scope and rebind nothing outside."""
     for sub in _nodes(node):
         if isinstance(sub, cst.Assign):
             for t in sub.targets:
@@ -198,6 +214,10 @@ def _targets(node: cst.CSTNode) -> Iterator[cst.BaseExpression]:
             if isinstance(name, cst.Name):
                 yield name
         elif isinstance(sub, (cst.FunctionDef, cst.ClassDef, cst.MatchAs, cst.MatchStar)) and sub.name is not None:
+            yield sub.name
+        elif isinstance(sub, cst.MatchMapping) and sub.rest is not None:  # `case {**rest}:`
+            yield sub.rest
+        elif isinstance(sub, cst.TypeAlias):  # `type X = ...` (Python 3.12)
             yield sub.name
 
 
@@ -215,6 +235,9 @@ def _rebinds(stmts: Sequence[cst.CSTNode], exprs: Sequence[cst.BaseExpression]) 
     """Why the statements might make an expression in ``exprs`` evaluate to another object, if so."""
     keys = set().union(*(_prefixes(e) for e in exprs))
     for stmt in stmts:
+        for sub in _nodes(stmt):
+            if isinstance(sub, cst.ImportFrom) and isinstance(sub.names, cst.ImportStar):
+                return f"`{_code(sub).strip()}` between the toggle and the untoggle may rebind any name"
         for target in _targets(stmt):
             key = _ref(target)
             if isinstance(target, cst.Subscript):
@@ -234,39 +257,85 @@ def _rebinds(stmts: Sequence[cst.CSTNode], exprs: Sequence[cst.BaseExpression]) 
     return None
 
 
+def _arguments_refusal(call: cst.Call) -> str:
+    """Why ``toggle_optimizer(...)`` is not Lightning 2's statement toggle ``toggle_optimizer(optimizer)``."""
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    keywords = {a.keyword.value for a in call.args if a.keyword is not None}
+    if len(positional) == 2 and len(call.args) == 2:
+        return (
+            "`toggle_optimizer(optimizer, optimizer_idx)` is Lightning 1.x's form (its untoggle_optimizer takes the "
+            "index); the block needs Lightning >= 2.0, where toggle_optimizer takes the optimizer alone"
+        )
+    if keywords & {"zero_grad", "step"}:
+        return "toggle_optimizer is already given zero_grad=/step= (toggleshim's call, not Lightning's statement form)"
+    if not call.args:
+        return "toggle_optimizer is given no optimizer"
+    return "toggle_optimizer is given more than the optimizer (or it by keyword, or *args): not Lightning's form"
+
+
 def _same(a: cst.BaseExpression | None, b: cst.BaseExpression | None) -> bool:
     """The same expression, up to whitespace (only used on expressions ``_ref`` accepts, or to refuse)."""
     return a is not None and b is not None and "".join(_code(a).split()) == "".join(_code(b).split())
 
 
-def _inert(stmt: cst.CSTNode, protected: set[str]) -> bool:
-    """A line that cannot observe or change any gradient or optimizer: ``pass``, a literal, or names
-    bound to literals and names (``protected``: names the toggle's expressions start from)."""
+# Names that are constants of the language (keywords), not variables: reading them cannot fail.
+_CONSTANT_NAMES = frozenset({"None", "True", "False"})
+
+
+def _literal(e: cst.BaseExpression) -> bool:
+    """An expression whose evaluation runs no user code, reads no variable and cannot raise: a number
+    (signed or not), a string or bytes without an f-string part (implicit concatenation included),
+    ``...``, ``None``/``True``/``False``, and tuple or list displays of these. An allow-list: any
+    other form (an f-string anywhere, a name, an attribute, a subscript, an operator, a comparison,
+    a call) may run user code (``__format__``, a property, ``__getitem__``, ``__eq__``...) or fail."""
+    if isinstance(e, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.Ellipsis)):
+        return True
+    if isinstance(e, cst.ConcatenatedString):  # `"a: " f"{x}"` is a ConcatenatedString too
+        return _literal(e.left) and _literal(e.right)
+    if isinstance(e, cst.UnaryOperation) and isinstance(e.operator, (cst.Minus, cst.Plus)):
+        return isinstance(e.expression, (cst.Integer, cst.Float, cst.Imaginary))
+    if isinstance(e, cst.Name):
+        return e.value in _CONSTANT_NAMES
+    if isinstance(e, (cst.Tuple, cst.List)):
+        return all(isinstance(el, cst.Element) and _literal(el.value) for el in e.elements)
+    return False
+
+
+def _inert_store(target: cst.BaseExpression, value: cst.BaseExpression, protected: set[str]) -> bool:
+    """Binding ``value`` (a literal) to ``target`` runs no user code and cannot raise: a plain name
+    (not one the toggle's expressions start from), or a tuple/list of such targets unpacking a
+    display of exactly as many elements (unpacking anything else calls its ``__iter__``)."""
+    if isinstance(target, cst.Name):
+        return target.value not in protected
+    if isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
+        if len(target.elements) != len(value.elements):
+            return False
+        return all(
+            isinstance(t, cst.Element) and isinstance(v, cst.Element) and _inert_store(t.value, v.value, protected)
+            for t, v in zip(target.elements, value.elements)
+        )
+    return False
+
+
+def _inert(stmt: cst.CSTNode, protected: set[str], bindings: bool = True) -> bool:
+    """A line that can run no user code, read no state and raise nothing, so ``zero_grad()`` and
+    ``step()`` may move across it: ``pass``, a literal, or (``bindings``: in a function body, where a
+    name is a local no ``step()`` can read) literals bound to plain names (see ``_literal``,
+    ``_inert_store``; ``protected``: names the toggle's expressions start from). At module or class
+    level a name is a global or class attribute that an optimizer's ``step`` may read, and the store
+    goes through a mapping (a class's ``__prepare__``, ``exec``'s locals) that may run user code."""
     if not isinstance(stmt, cst.SimpleStatementLine):
         return False
-
-    def simple(e: cst.BaseExpression) -> bool:
-        if isinstance(e, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString)):
-            return True
-        if isinstance(e, cst.Name):
-            return True
-        if isinstance(e, (cst.Tuple, cst.List)):
-            return all(isinstance(el, cst.Element) and simple(el.value) for el in e.elements)
-        return isinstance(e, cst.Ellipsis)
-
     for small in stmt.body:
         if isinstance(small, cst.Pass):
             continue
-        if isinstance(small, cst.Expr) and simple(small.value) and not isinstance(small.value, cst.Name):
+        if isinstance(small, cst.Expr) and _literal(small.value):
             continue
         if (
-            isinstance(small, cst.Assign)
-            and simple(small.value)
-            and all(
-                isinstance(t, cst.Name) and t.value not in protected
-                for target in small.targets
-                for t in _unpack(target.target)
-            )
+            bindings
+            and isinstance(small, cst.Assign)
+            and _literal(small.value)
+            and all(_inert_store(t.target, small.value, protected) for t in small.targets)
         ):
             continue
         return False
@@ -285,9 +354,18 @@ class _Migrator:
         self.spans: list[_Span] = []
         self.other: list[tuple[int, str]] = []
         self.migrated = 0
+        self.in_function = [False]  # the innermost def/class around the statement list walked: a def?
         self.overridden = any(
             isinstance(n, cst.FunctionDef) and n.name.value in (_TOGGLE, _UNTOGGLE) for n in _nodes(self.module)
         )
+        # `global x` / `nonlocal x` anywhere in the file: a function declaring it may rebind `x` when
+        # called from inside a span, where no binding form is visible.
+        self.declared: dict[str, tuple[str, int]] = {}
+        for n in _nodes(self.module):
+            if isinstance(n, (cst.Global, cst.Nonlocal)):
+                kind = "global" if isinstance(n, cst.Global) else "nonlocal"
+                for item in n.names:
+                    self.declared.setdefault(item.name.value, (kind, self.line(n)))
 
     def line(self, node: cst.CSTNode) -> int:
         return int(self.positions[node].start.line)
@@ -300,6 +378,12 @@ class _Migrator:
     # A generic rebuild: children first, a node is replaced only when a child changed (so every
     # untouched subtree is the very same object and prints byte for byte).
     def walk(self, node: cst.CSTNode, outer: str | None) -> cst.CSTNode:
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            self.in_function.append(isinstance(node, cst.FunctionDef))
+            try:
+                return self.rebuild(node, lambda child: self.walk(child, outer))
+            finally:
+                self.in_function.pop()
         if isinstance(node, (cst.Module, cst.IndentedBlock)):
             return self.statement_list(node, outer)
         if isinstance(node, cst.With):
@@ -364,16 +448,24 @@ class _Migrator:
                 return node
             return node.with_changes(body=new_body)
         out: list[Any] = []
+        # The untoggle's comments (above it, or on its line) go after the block, at the untoggle's
+        # indentation: they were on that side of the body; inside the block they would describe it.
+        after: list[cst.EmptyLine] = []
         k = 0
         while k < len(body):
+            item: Any = new_body[k]
+            nxt, comments = k + 1, []
             if k in decided:
                 end, _span = decided[k]
-                out.append(self.block(body, new_body, k, end))
+                item = self.block(body, new_body, k, end)
                 self.migrated += 1
-                k = end + 1
-            else:
-                out.append(new_body[k])
-                k += 1
+                nxt, comments = end + 1, list(self.comments(body[end]))
+            if after:
+                item = item.with_changes(leading_lines=[*after, *item.leading_lines])
+            out.append(item)
+            after, k = comments, nxt
+        if after:
+            return node.with_changes(body=out, footer=[*after, *node.footer])
         return node.with_changes(body=out)
 
     def decide(
@@ -411,6 +503,8 @@ class _Migrator:
                 if u is not None and _same(u[0], recv) and _same(_single_arg(u[1]), opt):
                     span.safe = True
                     return "already exception-safe (untoggled in the finally right after it)"
+        if opt is None:
+            return _arguments_refusal(call)
         if outer is not None:
             return f"it is {outer}: blocks nest differently from statement toggles"
         inside = body[i + 1 : len(body) if end is None else end]
@@ -436,8 +530,6 @@ class _Migrator:
             return f"the untoggle_optimizer at line {span.untoggle_line} is called on another object"
         if self.overridden:
             return "this file defines its own toggle_optimizer/untoggle_optimizer (the patch leaves those alone)"
-        if opt is None:
-            return "toggle_optimizer is given more than the optimizer"
         for expr in (opt, recv):
             if _ref(expr) is None:
                 return (
@@ -447,7 +539,18 @@ class _Migrator:
         escape = next(filter(None, (_escape(s) for s in inside)), None)
         if escape is not None:
             return f"{escape} between the toggle and the untoggle (a block would step and untoggle there)"
-        return _rebinds(inside, [opt, recv])
+        rebound = _rebinds(inside, [opt, recv])
+        if rebound is not None:
+            return rebound
+        for expr in (opt, recv):
+            first = _root(expr)
+            if first is not None and first in self.declared:
+                kind, line = self.declared[first]
+                return (
+                    f"`{first}` is declared {kind} at line {line}: a function called between the toggle and the "
+                    "untoggle may rebind it"
+                )
+        return None
 
     def block(self, body: Sequence[cst.CSTNode], new_body: Sequence[cst.CSTNode], i: int, end: int) -> cst.With:
         """The ``with`` statement for the migrated span ``body[i] .. body[end]``."""
@@ -460,15 +563,16 @@ class _Migrator:
         key = _ref(opt)
         assert key is not None
         protected = {k.split(".")[0].split("[")[0] for k in _prefixes(opt) | _prefixes(recv)}
+        bindings = self.in_function[-1]
         inside = list(range(i + 1, end))
         carried_front: list[cst.EmptyLine] = []
-        carried_back: list[cst.EmptyLine] = list(self.comments(body[end]))
+        carried_back: list[cst.EmptyLine] = []  # the step's comments (the untoggle's go after the block)
         # zero_grad: the block's entry calls it right after the toggle; a first `X.zero_grad()` may
         # move there when only inert lines stand before it.
         zero_grad = False
         for pos, k in enumerate(inside):
             if _plain_method_line(body[k], "zero_grad", key):
-                if all(_inert(body[j], protected) for j in inside[:pos]):
+                if all(_inert(body[j], protected, bindings) for j in inside[:pos]):
                     zero_grad = True
                     carried_front = list(self.comments(body[k]))
                     inside.remove(k)
@@ -479,7 +583,7 @@ class _Migrator:
         for pos in range(len(inside) - 1, -1, -1):
             k = inside[pos]
             if _plain_method_line(body[k], "step", key):
-                if all(_inert(body[j], protected) for j in inside[pos + 1 :]):
+                if all(_inert(body[j], protected, bindings) for j in inside[pos + 1 :]):
                     step = True
                     carried_back = list(self.comments(body[k])) + carried_back
                     inside.remove(k)
@@ -519,42 +623,144 @@ class _Migrator:
             yield cst.EmptyLine(comment=stmt.trailing_whitespace.comment)
 
 
-def _add_import(module: cst.Module) -> cst.Module:
-    """``import toggleshim`` after the first run of top-level imports, unless the file imports it."""
-    body = list(module.body)
-    for stmt in body:
+# isort's and ruff's default sections, in order
+_FUTURE, _STDLIB, _THIRD_PARTY, _FIRST_PARTY, _LOCAL = range(5)
+_PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+
+
+def _first_party(path: str) -> Callable[[str], bool]:
+    """Whether a top-level module name is first-party for the file at ``path``, as ruff's defaults
+    decide it: the file's own top-level package, or a package or module found in the project root
+    (the nearest directory above the file holding pyproject.toml, setup.py, setup.cfg or .git; else
+    the current directory) or in its ``src``."""
+    here = os.path.dirname(os.path.abspath(path))
+    package = None
+    folder = here
+    while os.path.isfile(os.path.join(folder, "__init__.py")):
+        package, folder = os.path.basename(folder), os.path.dirname(folder)
+    root = here
+    while not any(os.path.exists(os.path.join(root, m)) for m in _PROJECT_MARKERS):
+        parent = os.path.dirname(root)
+        if parent == root:
+            root = os.getcwd()
+            break
+        root = parent
+
+    def known(name: str) -> bool:
+        if name == package:
+            return True
+        return any(
+            os.path.isdir(os.path.join(base, name)) or os.path.isfile(os.path.join(base, name + ".py"))
+            for base in (root, os.path.join(root, "src"))
+        )
+
+    return known
+
+
+def _import_key(stmt: cst.CSTNode, first_party: Callable[[str], bool]) -> tuple[int, int, str] | None:
+    """(section, 0 for ``import x`` / 1 for ``from x import``, module) of an import line, as isort
+    and ruff sort by default; None for any other line."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or not all(
+        isinstance(x, (cst.Import, cst.ImportFrom)) for x in stmt.body
+    ):
+        return None
+    small = stmt.body[0]
+    if isinstance(small, cst.ImportFrom):
+        if small.relative:
+            return (_LOCAL, 1, "")
+        name = _code(small.module).strip() if small.module is not None else ""
+        kind = 1
+    else:
+        assert isinstance(small, cst.Import)
+        name, kind = _code(small.names[0].name).strip(), 0
+    top = name.split(".")[0]
+    if top == "__future__":
+        section = _FUTURE
+    elif top in sys.stdlib_module_names:
+        section = _STDLIB
+    elif first_party(top):
+        section = _FIRST_PARTY
+    else:
+        section = _THIRD_PARTY
+    return (section, kind, name.lower())
+
+
+def _imports_toggleshim(module: cst.Module) -> bool:
+    for stmt in module.body:
         if isinstance(stmt, cst.SimpleStatementLine):
             for small in stmt.body:
                 if isinstance(small, cst.Import) and any(
                     _code(a.name).split(".")[0] == "toggleshim" for a in small.names
                 ):
-                    return module
+                    return True
                 if (
                     isinstance(small, cst.ImportFrom)
                     and small.module is not None
                     and _code(small.module).split(".")[0] == "toggleshim"
                 ):
-                    return module
+                    return True
+    return False
 
-    def is_import(s: cst.CSTNode) -> bool:
-        imports = (cst.Import, cst.ImportFrom)
-        return isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, imports) for x in s.body)
 
-    pos = 0
+def _blank_first(stmt: Any, blank: bool) -> Any:
+    """``stmt`` with at least one blank line before it (``blank``; kept as they are when it has
+    some) or without the blank lines it has before its first comment."""
+    lines = list(stmt.leading_lines)
+    n = 0
+    while n < len(lines) and lines[n].comment is None:
+        n += 1
+    if blank:
+        return stmt if n else stmt.with_changes(leading_lines=[cst.EmptyLine(), *lines])
+    return stmt.with_changes(leading_lines=lines[n:]) if n else stmt
+
+
+def _add_import(module: cst.Module, path: str = "<string>") -> cst.Module:
+    """``import toggleshim`` where isort and ruff (default sections) put it: in the third-party
+    section of the file's first run of top-level imports (straight imports before ``from`` imports,
+    by name), a section of its own when there is none; unless the file imports toggleshim already."""
+    if _imports_toggleshim(module):
+        return module
+    body = list(module.body)
+    first_party = _first_party(path)
+    start = 0
     if body and isinstance(_only_expr(body[0]), (cst.SimpleString, cst.ConcatenatedString)):
-        pos = 1  # the module docstring
-    while pos < len(body) and is_import(body[pos]):
-        pos += 1
-    new = cst.parse_statement(_IMPORT_LINE + "\n")
-    lead = [cst.EmptyLine(comment=cst.Comment(_IMPORT_COMMENT))]
-    if pos == 1 and not is_import(body[0]):
-        lead.insert(0, cst.EmptyLine())  # right after the docstring: a blank line first
-    if pos < len(body) and not (pos and is_import(body[pos - 1])):
-        # no import run to join: blank lines between the new import and the code (PEP 8's two before a def)
-        after = body[pos]
-        blank = [cst.EmptyLine()] * (2 if isinstance(after, (cst.FunctionDef, cst.ClassDef)) else 1)
-        body[pos] = after.with_changes(leading_lines=[*blank, *after.leading_lines])
-    body.insert(pos, new.with_changes(leading_lines=lead))
+        start = 1  # the module docstring
+    end = start
+    while end < len(body) and _import_key(body[end], first_party) is not None:
+        end += 1
+    new: Any = cst.parse_statement(_IMPORT_LINE + "\n")
+    comment = [cst.EmptyLine(comment=cst.Comment(_IMPORT_COMMENT))]
+    if end == start:  # no imports: at the top (after the docstring), blank lines around
+        new = new.with_changes(leading_lines=([cst.EmptyLine()] if start else []) + comment)
+        if start < len(body):
+            after = body[start]
+            blank = 2 if isinstance(after, (cst.FunctionDef, cst.ClassDef)) else 1
+            body[start] = after.with_changes(leading_lines=[*[cst.EmptyLine()] * blank, *after.leading_lines])
+        body.insert(start, new)
+        return module.with_changes(body=body)
+    mine = (_THIRD_PARTY, 0, "toggleshim")
+    keys = [_import_key(stmt, first_party) for stmt in body[start:end]]
+    pos = start + next((n for n, key in enumerate(keys) if key is not None and key > mine), len(keys))
+    prev = keys[pos - start - 1] if pos > start else None
+    following = keys[pos - start] if pos < end else None
+    # A blank line before the comment line (ruff's isort wants one before a comment inside a
+    # section); the next import keeps its own blank line unless the new import took over the
+    # opening of the third-party section, and the next section gets one.
+    # First in the run, it takes over the blank lines the run had (none right after a docstring
+    # stays none).
+    opens = prev is None or prev[0] != _THIRD_PARTY
+    if pos == start:
+        first = body[pos].leading_lines
+        lead = list(itertools.takewhile(lambda line: line.comment is None, first))
+    else:
+        lead = [cst.EmptyLine()]
+    new = new.with_changes(leading_lines=lead + comment)
+    if following is not None:
+        if opens and following[0] == _THIRD_PARTY:
+            body[pos] = _blank_first(body[pos], blank=False)  # it no longer opens the section
+        elif following[0] != _THIRD_PARTY:
+            body[pos] = _blank_first(body[pos], blank=True)  # the next section, after a blank line
+    body.insert(pos, new)
     return module.with_changes(body=body)
 
 
@@ -564,7 +770,7 @@ def migrate_source(source: bytes, path: str = "<string>") -> _FileResult:
     migrator = _Migrator(MetadataWrapper(module, unsafe_skip_copy=True))
     new = migrator.run()
     if migrator.migrated:
-        new = _add_import(new)
+        new = _add_import(new, path)
     spans = sorted(migrator.spans, key=lambda s: s.line)
     return _FileResult(path, source, new.bytes if new is not module else source, spans, sorted(migrator.other))
 
@@ -617,16 +823,28 @@ def _diff(result: _FileResult) -> str:
 
 def _write_atomically(path: str, data: bytes) -> None:
     """Replace the file's content: a temporary file beside it, then ``os.replace`` (the file is either
-    untouched or fully rewritten; its permission bits are kept, a symlink stays a symlink)."""
+    untouched or fully rewritten). The temporary file gets the original's owner, group and permission
+    bits before it takes its place; when they cannot be given (a file of another user or group), the
+    file is left unchanged and the error says why. A symlink stays a symlink (its target is written)."""
     target = os.path.realpath(path)
-    mode = stat.S_IMODE(os.stat(target).st_mode)
+    st = os.stat(target)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".toggleshim-", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
+        made = os.stat(tmp)
+        if hasattr(os, "chown") and (made.st_uid, made.st_gid) != (st.st_uid, st.st_gid):
+            try:  # before chmod: a chown may clear the set-id bits
+                os.chown(tmp, st.st_uid, st.st_gid)
+            except PermissionError as exc:
+                raise PermissionError(
+                    exc.errno,
+                    f"the file belongs to {st.st_uid}:{st.st_gid} (user:group) and a rewritten copy could not be "
+                    f"given them ({exc.strerror}); rewriting it would change its owner",
+                ) from exc
+        os.chmod(tmp, stat.S_IMODE(st.st_mode))
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -640,14 +858,44 @@ def _read(path: str) -> bytes:
 
 
 def _syntax_error(source: bytes, path: str, exc: cst.ParserSyntaxError) -> str:
-    """``line:column: cannot parse: why``, in Python's own words where Python agrees it does not parse."""
+    """``:line:column: skipped: cannot parse: why``, in Python's words where Python agrees it does not parse."""
     try:
         compile(source, path, "exec", dont_inherit=True)
     except SyntaxError as py:
-        return f"{py.lineno}:{py.offset}: cannot parse: {py.msg}"
-    except ValueError:  # null bytes
+        return f":{py.lineno}:{py.offset}: skipped: cannot parse: {py.msg}"
+    except (ValueError, RecursionError, MemoryError):  # null bytes; too deep for Python's own parser
         pass
-    return f"{exc.raw_line}:{exc.raw_column + 1}: cannot parse: {exc.message}"
+    return f":{exc.raw_line}:{exc.raw_column + 1}: skipped: cannot parse: {exc.message}"
+
+
+class _Skipped(Exception):
+    """One file could not be processed: ``where`` (``:line:col`` or empty) and why; the run goes on."""
+
+    def __init__(self, why: str, where: str = "") -> None:
+        super().__init__(why)
+        self.why, self.where = why, where
+
+
+def _analyse(path: str) -> _FileResult:
+    """Read, parse and migrate one file; any failure is a ``_Skipped`` with the reason."""
+    try:
+        source = _read(path)
+    except OSError as exc:
+        raise _Skipped(f"cannot read: {exc.strerror or exc}") from exc
+    try:
+        return migrate_source(source, path)
+    except cst.ParserSyntaxError as exc:
+        where, _, why = _syntax_error(source, path, exc).partition(": skipped: ")
+        raise _Skipped(why, where) from exc
+    except (UnicodeDecodeError, SyntaxError) as exc:  # a bad coding cookie or undecodable bytes
+        raise _Skipped(f"cannot decode: {exc}") from exc
+    except RecursionError as exc:  # valid Python nested deeper than LibCST's recursive walk goes
+        raise _Skipped(
+            "LibCST cannot handle this file: an expression or block nested too deeply for its recursive walk "
+            f"(RecursionError: {exc})"
+        ) from exc
+    except Exception as exc:  # whatever else stops the analysis of this file must not stop the run
+        raise _Skipped(f"cannot analyse: {type(exc).__name__}: {exc}") from exc
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -671,6 +919,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Exit status when the reader of our output went away (``| head``): what a shell reports for a
+# process killed by SIGPIPE (128 + 13), as `cat` or `git diff` would be.
+EXIT_CLOSED_PIPE = 141
+
+
 def main(argv: list[str]) -> int:
     """``toggleshim migrate``; returns the exit code."""
     try:
@@ -685,25 +938,33 @@ def main(argv: list[str]) -> int:
     except _UsageError as exc:
         sys.stderr.write(f"toggleshim migrate: {exc}\nnothing was changed\n")
         return 2
-    failed = findings = changed = migrated = 0
+    try:
+        code = _run(files, args.mode)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:
+        # The reader closed the pipe: stop quietly. Python would flush the buffered rest at exit and
+        # print a traceback about it; the standard streams go to devnull instead.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(devnull, stream.fileno())
+        return EXIT_CLOSED_PIPE
+    return code
+
+
+def _run(files: list[str], mode: str) -> int:
+    """Process every file (one that cannot be processed is reported, the others go on); exit code."""
+    failed = findings = changed = migrated = checked = 0
     for path in files:
         try:
-            source = _read(path)
-        except OSError as exc:
-            sys.stderr.write(f"{path}: cannot read: {exc.strerror or exc}\n")
+            result = _analyse(path)
+        except _Skipped as exc:
+            sys.stderr.write(f"{path}{exc.where}: skipped: {exc.why}\n")
             failed += 1
             continue
-        try:
-            result = migrate_source(source, path)
-        except cst.ParserSyntaxError as exc:
-            sys.stderr.write(f"{path}:{_syntax_error(source, path, exc)}; skipped\n")
-            failed += 1
-            continue
-        except (UnicodeDecodeError, SyntaxError) as exc:  # a bad coding cookie or undecodable bytes
-            sys.stderr.write(f"{path}: cannot decode: {exc}; skipped\n")
-            failed += 1
-            continue
-        if args.mode == "check":
+        if mode == "check":
+            checked += 1
             for span in result.spans:
                 if span.safe:
                     continue
@@ -713,6 +974,7 @@ def main(argv: list[str]) -> int:
                     f"{path}:{span.line}: `{span.text}` as a statement: an exception before its untoggle "
                     f"leaves the optimizers toggled; {fix}\n"
                 )
+            sys.stdout.flush()  # a closed pipe shows here, not at exit
             continue
         for span in result.spans:
             if span.reason is not None:
@@ -722,27 +984,34 @@ def main(argv: list[str]) -> int:
         n = sum(1 for s in result.spans if s.reason is None)
         if result.new == result.old:
             continue
-        changed += 1
-        migrated += n
-        if args.mode == "write":
+        if mode == "write":
             try:
                 _write_atomically(path, result.new)
             except OSError as exc:
-                sys.stderr.write(f"{path}: cannot write: {exc.strerror or exc}; left unchanged\n")
+                sys.stderr.write(f"{path}: skipped: cannot write: {exc.strerror or exc} (left unchanged)\n")
                 failed += 1
                 continue
             sys.stderr.write(f"{path}: migrated {n} span{'s' * (n != 1)}\n")
         else:
             sys.stdout.write(_diff(result))
-    if args.mode == "check":
-        sys.stderr.write(
-            f"toggleshim migrate --check: {findings} statement toggle{'s' * (findings != 1)} not exception-safe "
-            f"in {len(files)} file{'s' * (len(files) != 1)}\n"
-        )
+            sys.stdout.flush()  # a closed pipe shows here, not at exit
+        changed += 1  # only what was written (or shown)
+        migrated += n
+    total = f"{len(files)} file{'s' * (len(files) != 1)}"
+    unread = f"{failed} could not be processed (see above)" if failed else ""
+    if mode == "check":
+        if checked == 0:
+            sys.stderr.write(f"toggleshim migrate --check: nothing checked: {failed} of {total} could not be read\n")
+        else:
+            sys.stderr.write(
+                f"toggleshim migrate --check: {findings} statement toggle{'s' * (findings != 1)} not exception-safe "
+                f"in {checked} file{'s' * (checked != 1)} checked" + (f"; {unread}" if unread else "") + "\n"
+            )
         return 1 if findings or failed else 0
-    verb = "rewrote" if args.mode == "write" else "would rewrite"
+    verb = "rewrote" if mode == "write" else "would rewrite"
     sys.stderr.write(
-        f"toggleshim migrate: {verb} {changed} of {len(files)} file{'s' * (len(files) != 1)} "
-        f"({migrated} span{'s' * (migrated != 1)})" + (f"; {failed} could not be processed" if failed else "") + "\n"
+        f"toggleshim migrate: {verb} {changed} of {total} ({migrated} span{'s' * (migrated != 1)})"
+        + (f"; {unread}" if unread else "")
+        + "\n"
     )
     return 1 if failed else 0
