@@ -841,3 +841,34 @@ def test_write_that_cannot_keep_the_owner_leaves_the_file(project: Path, monkeyp
     assert "rewrote 0 of 2 files" in err
     assert gan.read_text() == GAN
     assert sorted(p.name for p in gan.parent.iterdir()) == [".hidden", "gan.py", "plain.py"]
+
+
+NO_TORCH = '''\
+import sys, traceback
+attempts = []
+class NoTorch:  # torch not installed: an import of it fails, and who tried is recorded
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torch":
+            ours = [f for f in traceback.extract_stack() if "toggleshim" in f.filename]
+            attempts.append(f"{ours[-1].filename.rsplit('/', 1)[-1]}:{ours[-1].name}" if ours else "?")
+            raise ImportError("no torch here")
+sys.meta_path.insert(0, NoTorch())
+from toggleshim.__main__ import main
+code = main(sys.argv[1:])
+print("exit", code, "torch" in sys.modules, "libcst" in sys.modules, sorted(set(attempts)), file=sys.stderr)
+'''
+
+
+def test_cli_migrate_runs_without_torch_and_help_without_libcst(project: Path) -> None:
+    """`toggleshim migrate --help` and a run on a tree in a process where torch cannot be imported.
+    The migrate code imports no torch; the only attempt comes from `import toggleshim` itself
+    (toggleshim/_toggle.py, `_keep_dynamo_out`, run at import: issue 26 point 5's remaining blocker,
+    outside the migrate code). `--help` does not import LibCST either."""
+    r = subprocess.run([sys.executable, "-c", NO_TORCH, "migrate", "--help"], cwd=project, capture_output=True,
+                       text=True, timeout=120)
+    assert "provably equivalent" in r.stdout
+    assert r.stderr.splitlines()[-1] in ("exit 0 False False []", "exit 0 False False ['_toggle.py:_keep_dynamo_out']")
+    r = subprocess.run([sys.executable, "-c", NO_TORCH, "migrate", "pkg"], cwd=project, capture_output=True,
+                       text=True, timeout=120)
+    assert "+        with self.toggle_optimizer(d_opt):" in r.stdout
+    assert r.stderr.splitlines()[-1] in ("exit 0 False True []", "exit 0 False True ['_toggle.py:_keep_dynamo_out']")

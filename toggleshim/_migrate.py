@@ -26,15 +26,24 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-try:
+if TYPE_CHECKING:
     import libcst as cst
     from libcst.metadata import MetadataWrapper, PositionProvider
-except ImportError:  # the optional extra is not installed: main() says how to get it
-    _HAVE_LIBCST = False
-else:
-    _HAVE_LIBCST = True
+
+
+def _load_libcst() -> bool:
+    """Import LibCST (the ``migrate`` extra) into this module, on first use; False when it is not
+    installed. Not at import: ``toggleshim migrate --help`` and usage errors need none of it (its
+    import takes most of a second)."""
+    global cst, MetadataWrapper, PositionProvider
+    try:
+        import libcst as cst
+        from libcst.metadata import MetadataWrapper, PositionProvider
+    except ImportError:  # the optional extra is not installed: main() says how to get it
+        return False
+    return True
 
 __all__ = ["main"]
 
@@ -766,6 +775,8 @@ def _add_import(module: cst.Module, path: str = "<string>") -> cst.Module:
 
 def migrate_source(source: bytes, path: str = "<string>") -> _FileResult:
     """Migrate one file's bytes (raises ``cst.ParserSyntaxError`` when it does not parse)."""
+    if not _load_libcst():
+        raise ImportError(_INSTALL_HINT)
     module = cst.parse_module(source)
     migrator = _Migrator(MetadataWrapper(module, unsafe_skip_copy=True))
     new = migrator.run()
@@ -930,7 +941,7 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else 2
-    if not _HAVE_LIBCST:
+    if not _load_libcst():
         sys.stderr.write(f"toggleshim migrate: {_INSTALL_HINT}\n")
         return 2
     try:
