@@ -9,7 +9,8 @@ why each is exact, are in docs/migrate.md; this file follows them in the same or
 Modes (as black, ruff and pyupgrade): ``--diff`` (default: a unified diff on stdout, nothing
 written), ``--write`` (each file either untouched or fully rewritten: a temporary file in the same
 directory, then ``os.replace``), ``--check`` (exit 1 when a statement toggle is not exception-safe).
-Exit codes: 0 fine, 1 findings of ``--check`` or files that could not be read or parsed, 2 usage.
+Exit codes: 0 fine, 1 findings of ``--check`` or files that could not be processed (each reported
+as ``path: skipped: reason``; one file never stops the run), 2 usage, 141 the output pipe closed.
 Built on LibCST (the ``migrate`` extra), which keeps comments and formatting outside the span.
 """
 
@@ -44,6 +45,7 @@ def _load_libcst() -> bool:
     except ImportError:  # the optional extra is not installed: main() says how to get it
         return False
     return True
+
 
 __all__ = ["main"]
 
