@@ -82,6 +82,8 @@ class _FileResult:
     new: bytes
     spans: list[_Span] = field(default_factory=list)
     other: list[tuple[int, str]] = field(default_factory=list)  # uses of toggle_optimizer's result
+    plain: int = 0  # blocks written `with R.toggle_optimizer(X)`: they rely on the assumption (docs)
+    outside: set[str] = field(default_factory=set)  # bases from outside the run of their classes
 
 
 # -- expressions ---------------------------------------------------------------------------------
@@ -353,22 +355,332 @@ def _inert(stmt: cst.CSTNode, protected: set[str], bindings: bool = True) -> boo
     return True
 
 
+# -- the program: classes across the files of the run -------------------------------------------
+#
+# Which toggle_optimizer a statement toggle calls depends on the class of its receiver at run time:
+# the class the method is defined in, any subclass of it, and every base of those (a mixin of a
+# subclass included). Those classes are looked for in every file of the run, bases resolved through
+# the imports of their file; what cannot be resolved is over-approximated (every class of the run of
+# that name), so a class of the run is never missed. Classes outside the run are assumed not to
+# override toggle_optimizer in a way a block cannot use (said once in the output; docs/migrate.md).
+
+# Lightning's own LightningModule, as it is imported: a base outside the run that overrides nothing
+_LIGHTNING_BASES = frozenset(
+    f"{package}{sub}.LightningModule"
+    for package in ("lightning", "lightning.pytorch", "pytorch_lightning")
+    for sub in ("", ".core", ".core.module", ".core.lightning")
+)
+_BUILTIN_BASES = frozenset({"object", "Generic", "Protocol", "ABC"})
+_IDENTITY_DECORATORS = frozenset({"override", "typing.override", "typing_extensions.override"})
+
+
+@dataclass(eq=False)
+class _Class:
+    """A class of the run, as far as the rewrite cares."""
+
+    path: str
+    name: str
+    line: int
+    node: cst.ClassDef
+    # its toggle_optimizer: None (none of its own), "returns" (``return super().toggle_optimizer(opt)``
+    # is its last line and its only return: it returns the toggle, so a ``with`` can use it), "other"
+    toggle: str | None = None
+    forwards: bool = False  # "returns" and it forwards ``**kwargs``: the block's flags reach super()
+    parents: list[_Class] = field(default_factory=list)
+    outside: set[str] = field(default_factory=set)  # bases from outside the run, dotted
+
+
+@dataclass
+class _Imports:
+    """What a file's imports bind: a name -> (level, module, attribute or None) targets."""
+
+    names: dict[str, list[tuple[int, str, str | None]]] = field(default_factory=dict)
+    stars: list[tuple[int, str]] = field(default_factory=list)
+
+
+def _super_toggle(expr: cst.BaseExpression | None, bare: bool = False) -> cst.Call | None:
+    """``super(...).toggle_optimizer(...)`` -> the call; ``bare``: ``super()`` with no arguments only
+    (``super(Other, self)`` may skip classes of the MRO)."""
+    found = _method_call(expr) if expr is not None else None
+    if found is None or found[1] != _TOGGLE:
+        return None
+    recv = found[0]
+    if isinstance(recv, cst.Call) and isinstance(recv.func, cst.Name) and recv.func.value == "super":
+        return found[2] if not (bare and recv.args) else None
+    return None
+
+
+def _toggle_kind(node: cst.FunctionDef) -> tuple[str, bool]:
+    """("returns", forwards) when the override's last line is ``return super().toggle_optimizer(opt)``
+    (``opt`` its parameter, ``**kw`` forwarded when it takes one), it has no other ``return`` nor
+    ``yield``, no decorator, and never rebinds ``opt``/``kw``: then it returns the toggle super()
+    made, on every path without an exception. Else ("other", False): it may return None."""
+    params = node.params
+    plain = [p for p in params.params if p.default is None]
+    if (
+        node.asynchronous is not None
+        or node.decorators
+        or len(plain) != 2
+        or len(params.params) != 2
+        or params.posonly_params
+        or params.kwonly_params
+        or not isinstance(params.star_arg, cst.MaybeSentinel)
+        or not isinstance(node.body, cst.IndentedBlock)
+    ):
+        return "other", False
+    opt = plain[1].name.value
+    kw = params.star_kwarg.name.value if isinstance(params.star_kwarg, cst.Param) else None
+    *before, last = node.body.body
+    ret = last.body[0] if isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 else None
+    call = _super_toggle(ret.value, bare=True) if isinstance(ret, cst.Return) else None
+    if call is None:
+        return "other", False
+    args = [(a.star, a.value.value if isinstance(a.value, cst.Name) else None, a.keyword) for a in call.args]
+    if args[:1] != [("", opt, None)] or args[1:] not in ([], [("**", kw, None)] if kw else []):
+        return "other", False
+    for stmt in before:
+        if _escape(stmt) is not None:  # a return, yield or await before the last line
+            return "other", False
+        if any(isinstance(t, cst.Name) and t.value in (opt, kw) for t in _targets(stmt)):
+            return "other", False
+    return "returns", len(args) == 2
+
+
+def _describe_class(path: str, node: cst.ClassDef, line: int) -> _Class:
+    info = _Class(path, node.name.value, line, node)
+    for stmt in node.body.body:
+        if isinstance(stmt, cst.FunctionDef):
+            if stmt.name.value == _TOGGLE:
+                info.toggle, info.forwards = _toggle_kind(stmt)
+        elif any(isinstance(t, cst.Name) and t.value == _TOGGLE for t in _targets(stmt)):
+            # `toggle_optimizer = something` in the class body: whatever it is, it may return None
+            info.toggle, info.forwards = "other", False
+    return info
+
+
+def _module_parts(path: str) -> list[str]:
+    """``a/b/models.py`` -> [..., "a", "b", "models"]; a package's ``__init__.py`` is the package."""
+    parts = os.path.normpath(os.path.abspath(path)).split(os.sep)
+    parts[-1] = parts[-1][: -len(".py")] if parts[-1].endswith(".py") else parts[-1]
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+class _Program:
+    """The classes of every file of the run and how they inherit from one another."""
+
+    def __init__(self) -> None:
+        self.classes: list[_Class] = []
+        self.by_node: dict[int, _Class] = {}
+        self.files: dict[str, tuple[list[_Class], _Imports]] = {}
+        self.parts: dict[str, list[str]] = {}
+        self.tails: dict[str, list[str]] = {}  # a module's last name -> the files of the run that may be it
+        self.names: dict[str, set[_Class]] = {}
+        self._linked = False
+
+    def add(self, path: str, module: cst.Module, positions: Any) -> None:
+        """Index one parsed file (``positions``: LibCST's PositionProvider for it)."""
+        classes: list[_Class] = []
+        imports = _Imports()
+        for n in _nodes(module):
+            if isinstance(n, cst.ClassDef):
+                info = _describe_class(path, n, int(positions[n].start.line))
+                classes.append(info)
+                self.by_node[id(n)] = info
+            elif isinstance(n, cst.Import):
+                for alias in n.names:
+                    dotted = _code(alias.name).strip()
+                    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                        imports.names.setdefault(alias.asname.name.value, []).append((0, dotted, None))
+                    else:  # `import a.b` binds `a`
+                        imports.names.setdefault(dotted.split(".")[0], []).append((0, dotted.split(".")[0], None))
+            elif isinstance(n, cst.ImportFrom):
+                level = len(n.relative)
+                dotted = _code(n.module).strip() if n.module is not None else ""
+                if isinstance(n.names, cst.ImportStar):
+                    imports.stars.append((level, dotted))
+                    continue
+                for alias in n.names:
+                    name = _code(alias.name).strip()
+                    bound = alias.asname.name if alias.asname is not None else alias.name
+                    if isinstance(bound, cst.Name):
+                        imports.names.setdefault(bound.value, []).append((level, dotted, name))
+        self.classes += classes
+        for c in classes:
+            self.names.setdefault(c.name, set()).add(c)
+        self.files[path] = (classes, imports)
+        self.parts[path] = parts = _module_parts(path)
+        self.tails.setdefault(parts[-1], []).append(path)
+        self._linked = False
+
+    # -- resolving names -------------------------------------------------------------------------
+
+    def _module_files(self, path: str, level: int, dotted: str) -> list[str]:
+        """The files of the run a module reference from ``path`` may be: relative ones by path,
+        absolute ones by the tail of the path (``pkg.models`` is any ``.../pkg/models.py`` or
+        ``.../pkg/models/__init__.py`` of the run)."""
+        want = [p for p in dotted.split(".") if p]
+        if level:
+            base = self.parts[path][:-1] if not path.endswith("__init__.py") else self.parts[path]
+            full = base[: len(base) - (level - 1)] + want
+            return [f for f in self.tails.get(full[-1], []) if self.parts[f] == full] if full else []
+        if not want:
+            return []
+        return [f for f in self.tails.get(want[-1], []) if self.parts[f][-len(want) :] == want]
+
+    def _named(self, name: str) -> set[_Class]:
+        return set(self.names.get(name, ()))
+
+    def _lookup(self, path: str, name: str, seen: set[tuple[str, str]]) -> tuple[set[_Class], set[str]] | None:
+        """The classes ``name`` is in the file ``path`` (at any level: over-approximated), and the
+        dotted names it is outside the run; None when the file does not say."""
+        if (path, name) in seen:
+            return set(), set()
+        seen.add((path, name))
+        classes, imports = self.files[path]
+        found = {c for c in classes if c.name == name}
+        outside: set[str] = set()
+        for level, dotted, attr in imports.names.get(name, []):
+            if attr is None:
+                continue  # a module, not a class
+            sub = self._resolve_in_module(path, level, dotted, attr, seen)
+            found |= sub[0]
+            outside |= sub[1]
+        if not found and not outside:
+            for level, dotted in imports.stars:
+                for f in self._module_files(path, level, dotted):
+                    sub2 = self._lookup(f, name, seen)
+                    if sub2 is not None:
+                        found |= sub2[0]
+                        outside |= sub2[1]
+        if not found and not outside:
+            return None
+        return found, outside
+
+    def _resolve_in_module(
+        self, path: str, level: int, dotted: str, attr: str, seen: set[tuple[str, str]]
+    ) -> tuple[set[_Class], set[str]]:
+        files = self._module_files(path, level, dotted)
+        if not files:
+            where = "." * level + dotted
+            return set(), {f"{where}.{attr}" if dotted else f"{where}{attr}"}
+        found: set[_Class] = set()
+        outside: set[str] = set()
+        for f in files:
+            sub = self._lookup(f, attr, seen)
+            if sub is None:  # the module is in the run but does not visibly define it
+                found |= self._named(attr)
+            else:
+                found |= sub[0]
+                outside |= sub[1]
+        return found, outside
+
+    def _resolve_base(self, path: str, expr: cst.BaseExpression) -> tuple[set[_Class], set[str]]:
+        """The classes of the run a base expression may be, and the dotted names outside the run."""
+        if isinstance(expr, cst.Subscript):  # Generic[T], Base[T]
+            expr = expr.value
+        if isinstance(expr, cst.Name):
+            if expr.value in _BUILTIN_BASES:
+                return set(), set()
+            found = self._lookup(path, expr.value, set())
+            return found if found is not None else (self._named(expr.value), set())
+        if isinstance(expr, cst.Attribute) and _ref(expr) is not None:
+            dotted_expr = _ref(expr)
+            assert dotted_expr is not None
+            root, *middle, last = dotted_expr.split(".")
+            found_classes: set[_Class] = set()
+            outside: set[str] = set()
+            targets = self.files[path][1].names.get(root, [])
+            for level, dotted, attr in targets:
+                module = ".".join(p for p in (dotted, attr, *middle) if p)
+                sub = self._resolve_in_module(path, level, module, last, set())
+                found_classes |= sub[0]
+                outside |= sub[1]
+            if not targets:
+                found_classes = self._named(last)
+            return found_classes, outside
+        # a call or any other expression: it may be any class of the run, or one from outside
+        return set(self.classes), {f"`{_code(expr).strip()}`"}
+
+    def link(self) -> None:
+        if self._linked:
+            return
+        for c in self.classes:
+            c.parents, c.outside = [], set()
+            for arg in c.node.bases:
+                found, outside = self._resolve_base(c.path, arg.value)
+                c.parents += [p for p in found if p is not c]
+                c.outside |= outside
+        self._linked = True
+
+    def relevant(self, cls: _Class | None) -> tuple[set[_Class], set[str]]:
+        """Every class of the run whose toggle_optimizer a method of ``cls`` may call on ``self``
+        (None: on an object of any class), and the bases outside the run among them."""
+        self.link()
+        if cls is None:
+            return set(self.classes), set().union(*(c.outside for c in self.classes))
+        below = {cls}
+        grew = True
+        while grew:  # every subclass in the run
+            more = {c for c in self.classes if c not in below and any(p in below for p in c.parents)}
+            below |= more
+            grew = bool(more)
+        result: set[_Class] = set()
+        todo = list(below)
+        while todo:  # and every base of those
+            c = todo.pop()
+            if c not in result:
+                result.add(c)
+                todo += c.parents
+        return result, set().union(*(c.outside for c in result))
+
+
 # -- the rewrite ---------------------------------------------------------------------------------
+
+
+def _toggling(found: tuple[cst.BaseExpression, str, cst.Call]) -> bool:
+    """A call that toggles or untoggles: a toggle_optimizer-like method, or ``toggleshim.toggle(...)``."""
+    return found[1] in _TOGGLE_FAMILY or (found[1] == "toggle" and _ref(found[0]) == "toggleshim")
+
+
+def _shadows_toggleshim(module: cst.Module) -> str | None:
+    """How the file binds the name ``toggleshim`` to something else than the package, if it does (a
+    ``toggleshim.toggle(...)`` block would not reach the package): any binding form but ``import
+    toggleshim[.sub]`` (an assignment, ``import x as toggleshim``, ``from x import toggleshim``, a
+    parameter), or ``from x import *`` (it may bind any name)."""
+    plain: set[int] = set()
+    for n in _nodes(module):
+        if isinstance(n, cst.Import):
+            for alias in n.names:
+                root: cst.BaseExpression = alias.name
+                while isinstance(root, cst.Attribute):
+                    root = root.value
+                if alias.asname is None:
+                    plain.add(id(root))
+        elif isinstance(n, cst.ImportFrom) and isinstance(n.names, cst.ImportStar):
+            return f"`{_code(n).strip()}` may bind the name `toggleshim`"
+        elif isinstance(n, cst.Param) and n.name.value == "toggleshim":
+            return "a parameter is named `toggleshim`"
+    for target in _targets(module):
+        if isinstance(target, cst.Name) and target.value == "toggleshim" and id(target) not in plain:
+            return "the file binds the name `toggleshim` to something else than the package"
+    return None
 
 
 class _Migrator:
     """Walks one module: finds statement toggles, decides each span, rebuilds the changed lists."""
 
-    def __init__(self, wrapper: MetadataWrapper) -> None:
-        self.module = wrapper.module
-        self.positions = wrapper.resolve(PositionProvider)
+    def __init__(self, module: cst.Module, positions: Any, program: _Program) -> None:
+        self.module = module
+        self.positions = positions
+        self.program = program
         self.spans: list[_Span] = []
         self.other: list[tuple[int, str]] = []
         self.migrated = 0
-        self.in_function = [False]  # the innermost def/class around the statement list walked: a def?
-        self.overridden = any(
-            isinstance(n, cst.FunctionDef) and n.name.value in (_TOGGLE, _UNTOGGLE) for n in _nodes(self.module)
-        )
+        self.plain = 0  # blocks written `with R.toggle_optimizer(X)` (they rely on the assumption)
+        self.through = 0  # blocks written `with toggleshim.toggle(R, X)` (they need `import toggleshim`)
+        self.outside: set[str] = set()  # bases from outside the run the plain blocks' classes have
+        self.scopes: list[cst.FunctionDef | cst.ClassDef] = []  # the defs and classes around the walk
+        self.shadowed = _shadows_toggleshim(module)
         # `global x` / `nonlocal x` anywhere in the file: a function declaring it may rebind `x` when
         # called from inside a span, where no binding form is visible.
         self.declared: dict[str, tuple[str, int]] = {}
@@ -390,17 +702,17 @@ class _Migrator:
     # untouched subtree is the very same object and prints byte for byte).
     def walk(self, node: cst.CSTNode, outer: str | None) -> cst.CSTNode:
         if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
-            self.in_function.append(isinstance(node, cst.FunctionDef))
+            self.scopes.append(node)
             try:
                 return self.rebuild(node, lambda child: self.walk(child, outer))
             finally:
-                self.in_function.pop()
+                self.scopes.pop()
         if isinstance(node, (cst.Module, cst.IndentedBlock)):
             return self.statement_list(node, outer)
         if isinstance(node, cst.With):
             for item in node.items:
                 found = _method_call(item.item)
-                if found is not None and found[1] in _TOGGLE_FAMILY:
+                if found is not None and _toggling(found):
                     outer = f"inside the toggle block at line {self.line(node)}"
         if isinstance(node, cst.SimpleStatementSuite | cst.SimpleStatementLine):
             self.note_statements(node, outer)
@@ -420,12 +732,53 @@ class _Migrator:
                     changes[f.name] = type(value)(items)
         return node.with_changes(**changes) if changes else node
 
+    def delegates(self, call: cst.CSTNode) -> bool:
+        """``super().toggle_optimizer(...)`` inside an override of ``toggle_optimizer``: the override's
+        own toggle, not a statement toggle of the user's (never reported, never a finding)."""
+        scope = self.scopes[-1] if self.scopes else None
+        return (
+            isinstance(scope, cst.FunctionDef)
+            and scope.name.value == _TOGGLE
+            and isinstance(call, cst.BaseExpression)
+            and _super_toggle(call) is not None
+        )
+
+    def receiver_class(self, recv: cst.BaseExpression) -> _Class | None:
+        """The class whose method the span is in, when the receiver is that method's ``self`` (its
+        first parameter, never rebound in it); None when the receiver may be an object of any class."""
+        if len(self.scopes) < 2 or not isinstance(recv, cst.Name):
+            return None
+        fn, cls = self.scopes[-1], self.scopes[-2]
+        if not isinstance(fn, cst.FunctionDef) or not isinstance(cls, cst.ClassDef):
+            return None
+        # a staticmethod, a classmethod, or a decorator that may call it with another object (only
+        # typing's `@override`, which returns the function itself, is known not to)
+        if any(_ref(d.decorator) not in _IDENTITY_DECORATORS for d in fn.decorators):
+            return None
+        params = [*fn.params.posonly_params, *fn.params.params]
+        if not params or params[0].name.value != recv.value:
+            return None
+        if any(isinstance(t, cst.Name) and t.value == recv.value for t in _targets(fn.body)):
+            return None
+        return self.program.by_node.get(id(cls))
+
+    def form(self, recv: cst.BaseExpression, flags: bool) -> tuple[bool, set[str]]:
+        """(True: ``with R.toggle_optimizer(X)`` is the manual sequence; False: only ``with
+        toggleshim.toggle(R, X)`` is), and the bases from outside the run the receiver's classes have.
+        A ``with`` needs toggle_optimizer to return the toggle: every override among the classes the
+        receiver may be of must be ``return super().toggle_optimizer(opt)``, forwarding ``**kwargs``
+        when the block passes flags. ``toggleshim.toggle`` calls the module's own toggle_optimizer with
+        the optimizer alone and runs the rest of the sequence around it, whatever the override returns."""
+        classes, outside = self.program.relevant(self.receiver_class(recv))
+        own = [c for c in classes if c.toggle is not None]
+        return all(c.toggle == "returns" and (c.forwards or not flags) for c in own), outside - _LIGHTNING_BASES
+
     def note_statements(self, node: cst.SimpleStatementLine | cst.SimpleStatementSuite, outer: str | None) -> None:
         """Toggles that are not a line of their own, and uses of a toggle's result: reported."""
         for small in node.body:
             for sub in _nodes(small):
                 found = _method_call(sub)
-                if found is None or found[1] != _TOGGLE:
+                if found is None or found[1] != _TOGGLE or self.delegates(sub):
                     continue
                 if isinstance(small, cst.Expr) and small.value is sub:
                     if isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1:
@@ -442,7 +795,7 @@ class _Migrator:
         open_at: list[str | None] = [outer] * len(body)  # what is open around each statement
         for i, stmt in enumerate(body):
             found = _toggle_line(stmt, _TOGGLE)
-            if found is None:
+            if found is None or self.delegates(found[1]):
                 continue
             span = _Span(self.line(stmt), _code(found[1]).strip())
             self.spans.append(span)
@@ -527,7 +880,7 @@ class _Migrator:
                 )
             for sub in _nodes(stmt):
                 m = _method_call(sub)
-                if m is not None and m[1] in _TOGGLE_FAMILY:
+                if m is not None and _toggling(m):
                     if m[1] == _UNTOGGLE:
                         return f"a conditional untoggle (line {self.line(sub)}, inside a compound statement)"
                     return f"a {m[1]} call (line {self.line(sub)}) between the toggle and the untoggle would nest"
@@ -539,8 +892,11 @@ class _Migrator:
             return f"the untoggle_optimizer at line {span.untoggle_line} is not given the same optimizer expression"
         if not _same(untoggle[0], recv):
             return f"the untoggle_optimizer at line {span.untoggle_line} is called on another object"
-        if self.overridden:
-            return "this file defines its own toggle_optimizer/untoggle_optimizer (the patch leaves those alone)"
+        if self.shadowed is not None and not self.form(recv, True)[0]:
+            return (
+                "an override of toggle_optimizer that may return None needs `with toggleshim.toggle(...)`, and "
+                f"{self.shadowed}"
+            )
         for expr in (opt, recv):
             if _ref(expr) is None:
                 return (
@@ -574,7 +930,7 @@ class _Migrator:
         key = _ref(opt)
         assert key is not None
         protected = {k.split(".")[0].split("[")[0] for k in _prefixes(opt) | _prefixes(recv)}
-        bindings = self.in_function[-1]
+        bindings = bool(self.scopes) and isinstance(self.scopes[-1], cst.FunctionDef)
         inside = list(range(i + 1, end))
         carried_front: list[cst.EmptyLine] = []
         carried_back: list[cst.EmptyLine] = []  # the step's comments (the untoggle's go after the block)
@@ -604,8 +960,12 @@ class _Migrator:
             first = stmts[0]
             stmts[0] = first.with_changes(leading_lines=[*carried_front, *first.leading_lines])
         flags = [name for name, on in (("zero_grad", zero_grad), ("step", step)) if not on]
+        plain, outside = self.form(recv, bool(flags))
+        space = cst.SimpleWhitespace(" ")
+        if plain:
+            self.plain += 1
+            self.outside |= outside
         if flags:
-            space = cst.SimpleWhitespace(" ")
             args = [call.args[0].with_changes(comma=cst.Comma(whitespace_after=space))]
             for n, name in enumerate(flags):
                 args.append(
@@ -617,6 +977,11 @@ class _Migrator:
                     )
                 )
             call = call.with_changes(args=args)
+        if not plain:  # `toggleshim.toggle(R, X, ...)`: the module's own toggle_optimizer, whatever it returns
+            self.through += 1
+            func = cst.Attribute(value=cst.Name("toggleshim"), attr=cst.Name("toggle"))
+            receiver = cst.Arg(recv, comma=cst.Comma(whitespace_after=space))
+            call = call.with_changes(func=func, args=[receiver, *call.args])
         return cst.With(
             items=[cst.WithItem(call)],
             body=cst.IndentedBlock(body=stmts, header=toggle_line.trailing_whitespace, footer=carried_back),
@@ -696,16 +1061,19 @@ def _import_key(stmt: cst.CSTNode, first_party: Callable[[str], bool]) -> tuple[
     return (section, kind, name.lower())
 
 
-def _imports_toggleshim(module: cst.Module) -> bool:
+def _imports_toggleshim(module: cst.Module, bound: bool = False) -> bool:
+    """The file imports toggleshim at the top level (which installs the patch); ``bound``: as
+    ``import toggleshim[.sub]``, which binds the name ``toggleshim`` a ``toggleshim.toggle`` block uses."""
     for stmt in module.body:
         if isinstance(stmt, cst.SimpleStatementLine):
             for small in stmt.body:
                 if isinstance(small, cst.Import) and any(
-                    _code(a.name).split(".")[0] == "toggleshim" for a in small.names
+                    _code(a.name).split(".")[0] == "toggleshim" and (a.asname is None or not bound) for a in small.names
                 ):
                     return True
                 if (
-                    isinstance(small, cst.ImportFrom)
+                    not bound
+                    and isinstance(small, cst.ImportFrom)
                     and small.module is not None
                     and _code(small.module).split(".")[0] == "toggleshim"
                 ):
@@ -725,11 +1093,13 @@ def _blank_first(stmt: Any, blank: bool) -> Any:
     return stmt.with_changes(leading_lines=lines[n:]) if n else stmt
 
 
-def _add_import(module: cst.Module, path: str = "<string>") -> cst.Module:
+def _add_import(module: cst.Module, path: str = "<string>", used: bool = False) -> cst.Module:
     """``import toggleshim`` where isort and ruff (default sections) put it: in the third-party
     section of the file's first run of top-level imports (straight imports before ``from`` imports,
-    by name), a section of its own when there is none; unless the file imports toggleshim already."""
-    if _imports_toggleshim(module):
+    by name), a section of its own when there is none; unless the file imports toggleshim already.
+    ``used``: a ``toggleshim.toggle(...)`` block uses the name (then ``import toggleshim`` itself is
+    needed, and it is no unused import: no ``noqa``, no comment)."""
+    if _imports_toggleshim(module, bound=used):
         return module
     body = list(module.body)
     first_party = _first_party(path)
@@ -739,8 +1109,8 @@ def _add_import(module: cst.Module, path: str = "<string>") -> cst.Module:
     end = start
     while end < len(body) and _import_key(body[end], first_party) is not None:
         end += 1
-    new: Any = cst.parse_statement(_IMPORT_LINE + "\n")
-    comment = [cst.EmptyLine(comment=cst.Comment(_IMPORT_COMMENT))]
+    new: Any = cst.parse_statement(("import toggleshim" if used else _IMPORT_LINE) + "\n")
+    comment = [] if used else [cst.EmptyLine(comment=cst.Comment(_IMPORT_COMMENT))]
     if end == start:  # no imports: at the top (after the docstring), blank lines around
         new = new.with_changes(leading_lines=([cst.EmptyLine()] if start else []) + comment)
         if start < len(body):
@@ -764,7 +1134,7 @@ def _add_import(module: cst.Module, path: str = "<string>") -> cst.Module:
         first = body[pos].leading_lines
         lead = list(itertools.takewhile(lambda line: line.comment is None, first))
     else:
-        lead = [cst.EmptyLine()]
+        lead = [cst.EmptyLine()] if comment or opens else []  # a comment, or a new section: a blank line
     new = new.with_changes(leading_lines=lead + comment)
     if following is not None:
         if opens and following[0] == _THIRD_PARTY:
@@ -775,17 +1145,45 @@ def _add_import(module: cst.Module, path: str = "<string>") -> cst.Module:
     return module.with_changes(body=body)
 
 
-def migrate_source(source: bytes, path: str = "<string>") -> _FileResult:
-    """Migrate one file's bytes (raises ``cst.ParserSyntaxError`` when it does not parse)."""
+@dataclass
+class _Parsed:
+    """One file of the run, parsed (kept from the first pass, where every file's classes are indexed,
+    to the second, where each is rewritten)."""
+
+    path: str
+    source: bytes
+    module: cst.Module
+    positions: Any
+
+
+def _parse(source: bytes, path: str) -> _Parsed:
+    """Parse one file's bytes (raises ``cst.ParserSyntaxError`` when it does not parse)."""
     if not _load_libcst():
         raise ImportError(_INSTALL_HINT)
     module = cst.parse_module(source)
-    migrator = _Migrator(MetadataWrapper(module, unsafe_skip_copy=True))
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    return _Parsed(path, source, module, positions)
+
+
+def _migrate_parsed(parsed: _Parsed, program: _Program) -> _FileResult:
+    migrator = _Migrator(parsed.module, parsed.positions, program)
     new = migrator.run()
     if migrator.migrated:
-        new = _add_import(new, path)
+        new = _add_import(new, parsed.path, used=bool(migrator.through))
     spans = sorted(migrator.spans, key=lambda s: s.line)
-    return _FileResult(path, source, new.bytes if new is not module else source, spans, sorted(migrator.other))
+    data = new.bytes if new is not parsed.module else parsed.source
+    result = _FileResult(parsed.path, parsed.source, data, spans, sorted(migrator.other))
+    result.plain, result.outside = migrator.plain, migrator.outside
+    return result
+
+
+def migrate_source(source: bytes, path: str = "<string>") -> _FileResult:
+    """Migrate one file's bytes on its own: the run is this file (raises ``cst.ParserSyntaxError``
+    when it does not parse)."""
+    parsed = _parse(source, path)
+    program = _Program()
+    program.add(path, parsed.module, parsed.positions)
+    return _migrate_parsed(parsed, program)
 
 
 # -- files and the command -----------------------------------------------------------------------
@@ -889,14 +1287,11 @@ class _Skipped(Exception):
         self.why, self.where = why, where
 
 
-def _analyse(path: str) -> _FileResult:
-    """Read, parse and migrate one file; any failure is a ``_Skipped`` with the reason."""
+@contextlib.contextmanager
+def _skipping(source: bytes, path: str) -> Iterator[None]:
+    """Any failure to parse or analyse one file becomes a ``_Skipped`` with the reason."""
     try:
-        source = _read(path)
-    except OSError as exc:
-        raise _Skipped(f"cannot read: {exc.strerror or exc}") from exc
-    try:
-        return migrate_source(source, path)
+        yield
     except cst.ParserSyntaxError as exc:
         where, _, why = _syntax_error(source, path, exc).partition(": skipped: ")
         raise _Skipped(why, where) from exc
@@ -909,6 +1304,24 @@ def _analyse(path: str) -> _FileResult:
         ) from exc
     except Exception as exc:  # whatever else stops the analysis of this file must not stop the run
         raise _Skipped(f"cannot analyse: {type(exc).__name__}: {exc}") from exc
+
+
+def _load(path: str, program: _Program) -> _Parsed:
+    """Read and parse one file and index its classes in ``program``; any failure is a ``_Skipped``."""
+    try:
+        source = _read(path)
+    except OSError as exc:
+        raise _Skipped(f"cannot read: {exc.strerror or exc}") from exc
+    with _skipping(source, path):
+        parsed = _parse(source, path)
+        program.add(path, parsed.module, parsed.positions)
+    return parsed
+
+
+def _analyse(parsed: _Parsed, program: _Program) -> _FileResult:
+    with _skipping(parsed.source, parsed.path):
+        return _migrate_parsed(parsed, program)
+    raise AssertionError("unreachable")  # for mypy: _skipping re-raises every exception
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -966,12 +1379,32 @@ def main(argv: list[str]) -> int:
     return code
 
 
+# What a `with R.toggle_optimizer(X)` block relies on and the run cannot see (docs/migrate.md)
+_ASSUMED = (
+    "toggleshim migrate: assumed: no class outside these files{bases} overrides toggle_optimizer without "
+    "returning super().toggle_optimizer(...)'s result (a subclass defined elsewhere{skipped}); where one does, "
+    'rewrite its blocks as `with toggleshim.toggle(self, opt):` (docs/migrate.md, "Overrides")\n'
+)
+
+
 def _run(files: list[str], mode: str) -> int:
-    """Process every file (one that cannot be processed is reported, the others go on); exit code."""
-    failed = findings = changed = migrated = checked = 0
+    """Process every file (one that cannot be processed is reported, the others go on); exit code.
+    Two passes: every file's classes are indexed first (an override may be in any file of the run),
+    then each file is rewritten."""
+    failed = findings = changed = migrated = checked = plain = 0
+    outside: set[str] = set()
+    program = _Program()
+    loaded: list[_Parsed | _Skipped] = []
     for path in files:
         try:
-            result = _analyse(path)
+            loaded.append(_load(path, program))
+        except _Skipped as exc:
+            loaded.append(exc)
+    for path, item in zip(files, loaded):
+        try:
+            if isinstance(item, _Skipped):
+                raise item
+            result = _analyse(item, program)
         except _Skipped as exc:
             sys.stderr.write(f"{path}{exc.where}: skipped: {exc.why}\n")
             failed += 1
@@ -1010,6 +1443,8 @@ def _run(files: list[str], mode: str) -> int:
             sys.stdout.flush()  # a closed pipe shows here, not at exit
         changed += 1  # only what was written (or shown)
         migrated += n
+        plain += result.plain
+        outside |= result.outside
     total = f"{len(files)} file{'s' * (len(files) != 1)}"
     unread = f"{failed} could not be processed (see above)" if failed else ""
     if mode == "check":
@@ -1021,6 +1456,12 @@ def _run(files: list[str], mode: str) -> int:
                 f"in {checked} file{'s' * (checked != 1)} checked" + (f"; {unread}" if unread else "") + "\n"
             )
         return 1 if findings or failed else 0
+    if plain:
+        named = sorted(outside)
+        listed = ", ".join(named[:3]) + (", ..." if len(named) > 3 else "")
+        bases = f" (nor the bases from outside: {listed})" if named else ""
+        skipped = ", or in a file that could not be processed" if failed else ""
+        sys.stderr.write(_ASSUMED.format(bases=bases, skipped=skipped))
     verb = "rewrote" if mode == "write" else "would rewrite"
     sys.stderr.write(
         f"toggleshim migrate: {verb} {changed} of {total} ({migrated} span{'s' * (migrated != 1)})"
