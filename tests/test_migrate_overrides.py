@@ -438,3 +438,19 @@ def test_migrated_base_trains_identically_with_a_toggle_override_returning_none(
     proc = subprocess.run([sys.executable, "train.py", "pkg.frozen_bias", str(tmp_path / "x.pt")], cwd=migrated,
                           capture_output=True, text=True, env=_env(), timeout=300)
     assert proc.returncode != 0 and "does not support the context manager protocol" in proc.stderr
+
+
+def test_migrate_typing_override_decorator_keeps_the_receiver_class(
+    pkg: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``@override`` returns the method itself: ``self`` is still an instance of the class, so an
+    override in an unrelated class of the run changes nothing; any other decorator may call the method
+    with another object, and then every class of the run matters."""
+    _tree(pkg, {"pkg/other.py": NONE_TOGGLE.replace("from .models import Base", "class Base:\n    pass")})
+    models = pkg / "pkg" / "models.py"
+    models.write_text(BASE.replace("    def training_step", "    @override\n    def training_step"))
+    _, out, _ = _diff(pkg, monkeypatch, capsys)
+    assert _with_lines(out) == PLAIN
+    models.write_text(BASE.replace("    def training_step", "    @wrapped\n    def training_step"))
+    _, out, _ = _diff(pkg, monkeypatch, capsys)
+    assert _with_lines(out)[0] == "with toggleshim.toggle(self, g_opt):"
