@@ -135,10 +135,12 @@ def render(body: str, flavour: str | None = None) -> str:
     return source.replace("BODY", textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8))
 
 
-def migrated(source: str) -> str:
-    out = migrate_source(source.encode()).new.decode()
+def migrated(source: str, assume: frozenset[str] = frozenset()) -> str:
+    """``source`` as ``toggleshim migrate [--assume NAME...]`` rewrites it (checked: it parses, and a
+    second run changes nothing)."""
+    out = migrate_source(source.encode(), assume=assume).new.decode()
     compile(out, "<migrated>", "exec")  # never emits code that does not parse
-    assert migrate_source(out.encode()).new.decode() == out, "a second run changed something"
+    assert migrate_source(out.encode(), assume=assume).new.decode() == out, "a second run changed something"
     return out
 
 

@@ -875,3 +875,43 @@ def test_cli_migrate_runs_without_torch_and_help_without_libcst(project: Path) -
                        text=True, timeout=120)
     assert "+        with self.toggle_optimizer(d_opt):" in r.stdout
     assert r.stderr.splitlines()[-1] in ("exit 0 False True []", "exit 0 False True ['_toggle.py:_keep_dynamo_out']")
+
+
+# -- opt-in assumptions (off by default; trained in tests/test_migrate_trainer.py) ---------------
+
+def span_of(lines: str) -> str:
+    return f"self.toggle_optimizer(opt)\n{lines}\nself.untoggle_optimizer(opt)"
+
+
+NO_FLAG, KEEP_ZERO_GRAD = "with self.toggle_optimizer(opt, step=False):", "zero_grad=False, step=False):"
+
+
+@pytest.mark.parametrize(("assume", "body", "expected"), [
+    # without the assumption nothing changes
+    ((), span_of("opt.zero_grad(set_to_none=True)\nx = 1"), KEEP_ZERO_GRAD),
+    (("torch2-defaults",), span_of("opt.zero_grad(set_to_none=True)\nx = 1"), NO_FLAG),
+    (("torch2-defaults",), span_of("opt.zero_grad(set_to_none=False)"), KEEP_ZERO_GRAD),  # not the default
+    ((), span_of("loss = self(x)\nopt.zero_grad()"), KEEP_ZERO_GRAD),
+    (("forward-reads-no-grad",), span_of("loss = self(x)\nopt.zero_grad()"), NO_FLAG),
+    # a line that visibly touches gradients keeps zero_grad in place even so
+    *[(("forward-reads-no-grad",), span_of(f"{line}\nopt.zero_grad()"), KEEP_ZERO_GRAD)
+      for line in ("self.manual_backward(loss)", "loss.backward()", "g = self.w.grad", "other.step()",
+                   "if c:\n    opt.zero_grad()", "self.clip_gradients(opt, 1.0)", "torch.autograd.grad(y, x)")],
+    # both: the loss before zero_grad(set_to_none=True)
+    (("torch2-defaults", "forward-reads-no-grad"), span_of("loss = self(x)\nopt.zero_grad(set_to_none=True)"), NO_FLAG),
+])
+def test_migrate_assumptions(assume: tuple[str, ...], body: str, expected: str) -> None:
+    new = migrate_source(step(body).encode(), assume=frozenset(assume)).new.decode()
+    assert expected in new
+
+
+def test_migrate_unknown_assumption(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match="unknown assumption"):
+        migrate_source(b"x = 1\n", assume=frozenset({"bogus"}))
+    (tmp_path / "m.py").write_text(step("self.toggle_optimizer(opt)\nloss = self(x)\nopt.zero_grad()\n"
+                                        "self.untoggle_optimizer(opt)"))
+    proc = run_here("--assume", "bogus", "m.py", cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
+    assert proc.returncode == 2 and "invalid choice: 'bogus'" in proc.stderr
+    proc = run_here("--assume", "forward-reads-no-grad", "m.py", cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
+    assert proc.returncode == 0 and "+    with self.toggle_optimizer(opt, step=False):" in proc.stdout

@@ -159,6 +159,58 @@ def _plain_method_line(stmt: cst.CSTNode, name: str, obj_key: str) -> bool:
     return found is not None and found[1] == name and not found[2].args and _ref(found[0]) == obj_key
 
 
+def _zero_grad_line(stmt: cst.CSTNode, obj_key: str, torch2: bool) -> bool:
+    """A line that is exactly ``X.zero_grad()``; with the ``torch2-defaults`` assumption also
+    ``X.zero_grad(set_to_none=True)`` (torch >= 2.0's default: the block's ``X.zero_grad()``)."""
+    if _plain_method_line(stmt, "zero_grad", obj_key):
+        return True
+    expr = _only_expr(stmt)
+    found = _method_call(expr) if expr is not None else None
+    if not torch2 or found is None or found[1] != "zero_grad" or _ref(found[0]) != obj_key:
+        return False
+    args = found[2].args
+    return (
+        len(args) == 1
+        and args[0].keyword is not None
+        and args[0].keyword.value == "set_to_none"
+        and isinstance(args[0].value, cst.Name)
+        and args[0].value.value == "True"
+    )
+
+
+# Names through which a line visibly touches gradients: the ``forward-reads-no-grad`` assumption never
+# moves ``zero_grad()`` across a line naming one of them (it covers only what the tool cannot see).
+_GRADIENT_NAMES = frozenset(
+    {
+        "grad",
+        "backward",
+        "manual_backward",
+        "step",
+        "zero_grad",
+        "clip_gradients",
+        "clip_grad_norm_",
+        "clip_grad_value_",
+        "autograd",
+        "_grad",
+    }
+    | _TOGGLE_FAMILY
+)
+
+
+def _touches_gradients(stmt: cst.CSTNode) -> bool:
+    """The line names a gradient, a backward, a step, a zero_grad, a clipping or a toggle."""
+    return any(isinstance(n, cst.Name) and n.value in _GRADIENT_NAMES for n in _nodes(stmt))
+
+
+# Opt-in assumptions (``--assume NAME``, off by default; docs/migrate.md, "Assumptions")
+ASSUMPTIONS = {
+    "torch2-defaults": "optimizers keep torch >= 2.0 defaults: `X.zero_grad(set_to_none=True)` is the block's "
+    "`X.zero_grad()`",
+    "forward-reads-no-grad": "the code between the toggle and `X.zero_grad()` reads and writes no gradient "
+    "(through what it calls, too), and if it raises, X's gradients are not needed: `zero_grad()` may move above it",
+}
+
+
 def _toggle_line(stmt: cst.CSTNode, name: str) -> tuple[cst.BaseExpression, cst.Call] | None:
     """A line that is exactly ``R.name(...)`` -> (R, call)."""
     expr = _only_expr(stmt)
@@ -669,8 +721,11 @@ def _shadows_toggleshim(module: cst.Module) -> str | None:
 class _Migrator:
     """Walks one module: finds statement toggles, decides each span, rebuilds the changed lists."""
 
-    def __init__(self, module: cst.Module, positions: Any, program: _Program) -> None:
+    def __init__(
+        self, module: cst.Module, positions: Any, program: _Program, assume: frozenset[str] = frozenset()
+    ) -> None:
         self.module = module
+        self.assume = assume
         self.positions = positions
         self.program = program
         self.spans: list[_Span] = []
@@ -937,9 +992,13 @@ class _Migrator:
         # zero_grad: the block's entry calls it right after the toggle; a first `X.zero_grad()` may
         # move there when only inert lines stand before it.
         zero_grad = False
+        forward = "forward-reads-no-grad" in self.assume
         for pos, k in enumerate(inside):
-            if _plain_method_line(body[k], "zero_grad", key):
-                if all(_inert(body[j], protected, bindings) for j in inside[:pos]):
+            if _zero_grad_line(body[k], key, "torch2-defaults" in self.assume):
+                if all(
+                    _inert(body[j], protected, bindings) or (forward and not _touches_gradients(body[j]))
+                    for j in inside[:pos]
+                ):
                     zero_grad = True
                     carried_front = list(self.comments(body[k]))
                     inside.remove(k)
@@ -1165,8 +1224,8 @@ def _parse(source: bytes, path: str) -> _Parsed:
     return _Parsed(path, source, module, positions)
 
 
-def _migrate_parsed(parsed: _Parsed, program: _Program) -> _FileResult:
-    migrator = _Migrator(parsed.module, parsed.positions, program)
+def _migrate_parsed(parsed: _Parsed, program: _Program, assume: frozenset[str] = frozenset()) -> _FileResult:
+    migrator = _Migrator(parsed.module, parsed.positions, program, assume)
     new = migrator.run()
     if migrator.migrated:
         new = _add_import(new, parsed.path, used=bool(migrator.through))
@@ -1177,13 +1236,16 @@ def _migrate_parsed(parsed: _Parsed, program: _Program) -> _FileResult:
     return result
 
 
-def migrate_source(source: bytes, path: str = "<string>") -> _FileResult:
+def migrate_source(source: bytes, path: str = "<string>", assume: frozenset[str] = frozenset()) -> _FileResult:
     """Migrate one file's bytes on its own: the run is this file (raises ``cst.ParserSyntaxError``
-    when it does not parse)."""
+    when it does not parse). ``assume``: names of ``ASSUMPTIONS`` the user opted into."""
+    unknown = set(assume) - set(ASSUMPTIONS)
+    if unknown:
+        raise ValueError(f"unknown assumption(s) {sorted(unknown)}; known: {sorted(ASSUMPTIONS)}")
     parsed = _parse(source, path)
     program = _Program()
     program.add(path, parsed.module, parsed.positions)
-    return _migrate_parsed(parsed, program)
+    return _migrate_parsed(parsed, program, frozenset(assume))
 
 
 # -- files and the command -----------------------------------------------------------------------
@@ -1318,9 +1380,9 @@ def _load(path: str, program: _Program) -> _Parsed:
     return parsed
 
 
-def _analyse(parsed: _Parsed, program: _Program) -> _FileResult:
+def _analyse(parsed: _Parsed, program: _Program, assume: frozenset[str]) -> _FileResult:
     with _skipping(parsed.source, parsed.path):
-        return _migrate_parsed(parsed, program)
+        return _migrate_parsed(parsed, program, assume)
     raise AssertionError("unreachable")  # for mypy: _skipping re-raises every exception
 
 
@@ -1340,6 +1402,15 @@ def _parser() -> argparse.ArgumentParser:
         dest="mode",
         const="check",
         help="exit 1 when a statement toggle is not exception-safe (prints file:line and why)",
+    )
+    parser.add_argument(
+        "--assume",
+        action="append",
+        default=[],
+        choices=sorted(ASSUMPTIONS),
+        metavar="NAME",
+        help="take an opt-in assumption (repeatable; off by default): "
+        + "; ".join(f"{name}: {text}" for name, text in ASSUMPTIONS.items()),
     )
     parser.set_defaults(mode="diff")
     return parser
@@ -1365,7 +1436,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"toggleshim migrate: {exc}\nnothing was changed\n")
         return 2
     try:
-        code = _run(files, args.mode)
+        code = _run(files, args.mode, frozenset(args.assume))
         sys.stdout.flush()
         sys.stderr.flush()
     except BrokenPipeError:
@@ -1387,7 +1458,7 @@ _ASSUMED = (
 )
 
 
-def _run(files: list[str], mode: str) -> int:
+def _run(files: list[str], mode: str, assume: frozenset[str] = frozenset()) -> int:
     """Process every file (one that cannot be processed is reported, the others go on); exit code.
     Two passes: every file's classes are indexed first (an override may be in any file of the run),
     then each file is rewritten."""
@@ -1404,7 +1475,7 @@ def _run(files: list[str], mode: str) -> int:
         try:
             if isinstance(item, _Skipped):
                 raise item
-            result = _analyse(item, program)
+            result = _analyse(item, program, assume)
         except _Skipped as exc:
             sys.stderr.write(f"{path}{exc.where}: skipped: {exc.why}\n")
             failed += 1
