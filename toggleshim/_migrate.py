@@ -4,7 +4,11 @@ A span ``R.toggle_optimizer(X)`` ... ``R.untoggle_optimizer(X)`` in one statemen
 ``with R.toggle_optimizer(X[, zero_grad=False][, step=False]):`` when the block does exactly what
 the statements did on every path without an exception (on an exception the block is safer: it
 untoggles). Everything else is left as it is and reported with one reason per span. The rules, and
-why each is exact, are in docs/migrate.md; this file follows them in the same order.
+why each is exact, are in docs/migrate.md; this file follows them in the same order. Overrides of
+``toggle_optimizer`` are looked for in every file of the run (two passes: every file's classes are
+indexed, then each file is rewritten); where one may return None, the block is
+``with toggleshim.toggle(R, X):``, the manual sequence with the module's own methods.
+``--assume NAME`` opts into documented assumptions that let more spans reach the plain block.
 
 Modes (as black, ruff and pyupgrade): ``--diff`` (default: a unified diff on stdout, nothing
 written), ``--write`` (each file either untouched or fully rewritten: a temporary file in the same
