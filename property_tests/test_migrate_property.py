@@ -15,14 +15,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from _migrate_world import assert_same_world, migrated, on_stand_in, render  # tests/ is on pytest's pythonpath
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 # how each optimizer may be written (index k): a name bound from self.optimizers(), an index, an attribute
 SPELLINGS = (("g_opt", "opts[0]", "self.o0"), ("d_opt", "opts[1]", "self.o1"))
-PRELUDE = "self.o0, self.o1 = g_opt, d_opt\ntag = 0\n"
-INERT = ("tag = 1", "pass", "flag, other = True, tag")
+PRELUDE = "self.o0, self.o1 = g_opt, d_opt\ntag = 0\nrspy, wspy = Spy(self, opts, False), Spy(self, opts, True)\n"
+# inert by the rules: literals, bound to plain names (unpacking a display of as many elements)
+INERT = ("tag = 1", "pass", "flag, other = True, (1, 'x')", 'tag = ("a: " "b")', "...", "tag = -1.5")
+# not inert: each form runs user code (the template's Spy: reads or changes gradients, parameters
+# and optimizer state); S is a reading or a writing spy
+SPY_FORMS = (
+    'tag = f"{S}"',
+    'tag = ("a: " f"{S}")',
+    'tag = f"{0:{S}}"',
+    'f"{S!r}"',
+    "a, b = S",
+    "[a, b] = S",
+    "a, *b = S",
+    "tag = S.value",
+    "tag = S[0]",
+    "tag = S == 1",
+    "tag = S < 1",
+    "tag = S + 0",
+    "tag = not S",
+    "S()",
+)
 
 
 @dataclass(frozen=True)
@@ -46,15 +66,16 @@ def _op_line(op: str, arg: int, k: int) -> str:
         "requires_grad": f"self.a.bias.requires_grad_({arg % 2 == 0})",
         "if_zero_grad": f"if batch_idx % 2 == {arg % 2}:\n    {spelled}.zero_grad()",
         "if_step": f"if batch_idx % 2 == {arg % 2}:\n    {spelled}.step()",
+        "spy": SPY_FORMS[arg % len(SPY_FORMS)].replace("S", "wspy" if arg // len(SPY_FORMS) % 2 else "rspy"),
     }[op]
 
 
 # Bounds: up to 6 lines a span and 4 items a program keep each example ~10 ms of torch work.
 OPS = st.tuples(
     st.sampled_from(
-        ["zero_grad", "step", "backward", "observe", "inert", "requires_grad", "if_zero_grad", "if_step"]
+        ["zero_grad", "step", "backward", "observe", "inert", "requires_grad", "if_zero_grad", "if_step", "spy"]
     ),
-    st.integers(0, 5),
+    st.integers(0, 2 * len(SPY_FORMS) - 1),
 )
 SPANS = st.builds(
     Span,
@@ -111,7 +132,14 @@ CANONICAL = (Span(0, 0, (("zero_grad", 0), ("backward", 0), ("step", 0))),
              Span(1, 1, (("inert", 0), ("zero_grad", 1), ("backward", 1), ("step", 1), ("inert", 1))))
 
 
+# issue 26: an f-string in an implicit concatenation and an unpacking were taken for inert
+SPY_BEFORE_ZERO_GRAD = (Span(0, 0, (("spy", 1), ("zero_grad", 0), ("backward", 0), ("step", 0))),)
+SPY_AFTER_STEP = (Span(1, 0, (("zero_grad", 0), ("backward", 1), ("step", 0), ("spy", len(SPY_FORMS) + 4))),)
+
+
 @example(CANONICAL)
+@example(SPY_BEFORE_ZERO_GRAD)
+@example(SPY_AFTER_STEP)
 @example((Span(0, 2, (("backward", 0), ("zero_grad", 2), ("step", 2), ("observe", 0))),))
 @example((Span(1, 0, (("zero_grad", 0),), kind="overlap"), Span(0, 1, (), kind="return")))
 @given(PROGRAMS)
@@ -130,6 +158,21 @@ def test_migration_keeps_the_world_bitwise(program: tuple[object, ...]) -> None:
     if not clean:
         assert new == source, "nothing to migrate, yet the file changed"
     assert_same_world(on_stand_in(source, patched=False), on_stand_in(new, patched=True))
+
+
+def test_the_property_sees_a_spy_line_moved() -> None:
+    """The comparison is not blind to the spies: a rewrite that moves zero_grad before a reading spy,
+    or step before a writing one (what the old rules did), gives another world."""
+    for program, flag, call in ((SPY_BEFORE_ZERO_GRAD, ", zero_grad=False", "g_opt.zero_grad()"),
+                                (SPY_AFTER_STEP, ", step=False", "d_opt.step()")):
+        source = render_program(program)
+        right = migrated(source)
+        assert flag + "):" in right and call in right, right
+        bad = right.replace(flag + "):", "):").replace(call + "\n", "pass\n")  # the call moved into the block
+        before = on_stand_in(source, patched=False)
+        assert_same_world(before, on_stand_in(right, patched=True))
+        with pytest.raises(AssertionError):
+            assert_same_world(before, on_stand_in(bad, patched=True))
 
 
 def test_the_property_migrates_something() -> None:

@@ -21,9 +21,71 @@ from toggleshim.testing import installed_flavours
 
 TEMPLATE = '''\
 """A two-optimizer module (rendered by tests/_migrate_world.py)."""
+import copy
+
 import torch
 from torch import nn
 import FLAVOUR as pl
+
+
+class Spy:
+    """User code behind expressions that look harmless: each way Python lets an expression run code
+    (``__format__`` in an f-string, ``__iter__`` when unpacked, a property, ``__getitem__``,
+    comparisons, operators, ``__bool__``, a call) reads gradients, parameters and optimizer state
+    into the module's trace, or (``write``) changes them."""
+
+    def __init__(self, module, opts, write):
+        self.module, self.opts, self.write = module, opts, write
+
+    def touch(self):
+        if self.write:
+            with torch.no_grad():
+                for p in self.module.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(0.5)
+                self.module.c.add_(0.25)
+            for o in self.opts:
+                o.param_groups[0]["lr"] *= 0.9
+        else:
+            self.module.observe()
+            self.module.trace.append([copy.deepcopy(o.state_dict()) for o in self.opts])
+        return 1
+
+    def __format__(self, spec):
+        self.touch()
+        return ""
+
+    def __repr__(self):
+        self.touch()
+        return "Spy()"
+
+    def __iter__(self):
+        self.touch()
+        return iter((1, 2))
+
+    @property
+    def value(self):
+        return self.touch()
+
+    def __getitem__(self, key):
+        return self.touch()
+
+    def __eq__(self, other):
+        return self.touch() == other
+
+    def __lt__(self, other):
+        return self.touch() < other
+
+    def __add__(self, other):
+        return self.touch() + other
+
+    def __bool__(self):
+        return bool(self.touch())
+
+    def __call__(self):
+        return self.touch()
+
+    __hash__ = None
 
 
 class Module(pl.LightningModule):
@@ -73,10 +135,12 @@ def render(body: str, flavour: str | None = None) -> str:
     return source.replace("BODY", textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8))
 
 
-def migrated(source: str) -> str:
-    out = migrate_source(source.encode()).new.decode()
+def migrated(source: str, assume: frozenset[str] = frozenset()) -> str:
+    """``source`` as ``toggleshim migrate [--assume NAME...]`` rewrites it (checked: it parses, and a
+    second run changes nothing)."""
+    out = migrate_source(source.encode(), assume=assume).new.decode()
     compile(out, "<migrated>", "exec")  # never emits code that does not parse
-    assert migrate_source(out.encode()).new.decode() == out, "a second run changed something"
+    assert migrate_source(out.encode(), assume=assume).new.decode() == out, "a second run changed something"
     return out
 
 

@@ -191,3 +191,86 @@ def test_comparison_detects_a_wrong_rewrite() -> None:
     assert_same_world(before, fit(right, patched=True))
     with pytest.raises(AssertionError):
         assert_same_world(before, fit(wrong, patched=True))
+
+
+# Opt-in assumptions (docs/migrate.md, "Assumptions"): (assumed, body, the `with` line(s) without the
+# assumption, with it). Each case keeps the assumption, and trains bitwise the same migrated with it.
+ASSUMED: dict[str, tuple[str, str, list[str], list[str]]] = {
+    "torch2-defaults: zero_grad(set_to_none=True) is the block's zero_grad()": (
+        "torch2-defaults",
+        """
+        self.toggle_optimizer(d_opt)
+        d_opt.zero_grad(set_to_none=True)
+        self.manual_backward(self.loss(x, 1))
+        d_opt.step()
+        self.untoggle_optimizer(d_opt)
+        self.observe()
+        self.toggle_optimizer(g_opt)
+        g_opt.zero_grad(set_to_none=True)
+        self.manual_backward(self.loss(x, 0))
+        g_opt.step()
+        self.untoggle_optimizer(g_opt)
+        self.observe()
+        """,
+        ["with self.toggle_optimizer(d_opt, zero_grad=False):", "with self.toggle_optimizer(g_opt, zero_grad=False):"],
+        ["with self.toggle_optimizer(d_opt):", "with self.toggle_optimizer(g_opt):"],
+    ),
+    "forward-reads-no-grad: the loss computed before zero_grad()": (
+        "forward-reads-no-grad",
+        """
+        self.toggle_optimizer(g_opt)
+        loss = self.loss(x, 0)
+        scaled = loss * (batch_idx + 1)
+        g_opt.zero_grad()
+        self.manual_backward(scaled)
+        g_opt.step()
+        self.untoggle_optimizer(g_opt)
+        self.observe()
+        self.toggle_optimizer(d_opt)
+        with torch.no_grad():
+            target = self.a(x).detach()
+        d_opt.zero_grad()
+        self.manual_backward(((self.b(x) - target) ** 2).sum())
+        d_opt.step()
+        self.untoggle_optimizer(d_opt)
+        self.observe()
+        """,
+        ["with self.toggle_optimizer(g_opt, zero_grad=False):", "with self.toggle_optimizer(d_opt, zero_grad=False):"],
+        ["with self.toggle_optimizer(g_opt):", "with self.toggle_optimizer(d_opt):"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ASSUMED))
+def test_assumption_kept_trains_bit_identically_in_trainer_fit(flavour: str, case: str) -> None:
+    assumed, body, default, clean = ASSUMED[case]
+    original = render(body, flavour)
+    for assume, expected in ((frozenset(), default), (frozenset({assumed}), clean)):
+        new = migrated(original, assume)
+        assert [line.strip() for line in new.splitlines() if line.strip().startswith("with self.")] == expected
+    before = fit(original, patched=False, flavour=flavour)
+    after = fit(new, patched=True, flavour=flavour)
+    assert after["global_step"] > 0 and after["trace"], "the step ran"
+    assert_same_world(before, after)
+
+
+def test_assumption_broken_trains_differently() -> None:
+    """Why forward-reads-no-grad is opt-in: code before zero_grad() that reads gradients through a
+    call the tool cannot see into (``observe()`` records every ``.grad``) sees them cleared once
+    zero_grad() moves above it. (A visible backward before zero_grad() keeps it in place even then.)"""
+    original = render(
+        """
+        self.toggle_optimizer(g_opt)
+        self.observe()
+        g_opt.zero_grad()
+        self.manual_backward(self.loss(x, 0))
+        g_opt.step()
+        self.untoggle_optimizer(g_opt)
+        """
+    )
+    broken = migrated(original, frozenset({"forward-reads-no-grad"}))
+    assert "with self.toggle_optimizer(g_opt):" in broken
+    before = fit(original, patched=False)
+    assert_same_world(before, fit(migrated(original), patched=True))  # the default rules: exact
+    with pytest.raises(AssertionError):
+        assert_same_world(before, fit(broken, patched=True))
