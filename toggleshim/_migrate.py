@@ -56,7 +56,7 @@ __all__ = ["main"]
 _INSTALL_HINT = 'toggleshim migrate needs LibCST: pip install "toggleshim[migrate]"'
 _TOGGLE, _UNTOGGLE = "toggle_optimizer", "untoggle_optimizer"
 # Calls that toggle or untoggle: a span holding one of them would nest, and a block nests
-# differently from Lightning's statement nesting (LIGHTNING_NOTES: "Nesting").
+# differently from Lightning's statement nesting (README, "Semantics": nesting).
 _TOGGLE_FAMILY = frozenset({_TOGGLE, _UNTOGGLE, "toggled_optimizer", "toggle_model"})
 # Names whose use in a span could rebind the optimizer expression behind the tool's back.
 _REBINDERS = frozenset({"setattr", "delattr", "vars", "globals", "locals", "exec", "eval", "__dict__"})

@@ -7,7 +7,7 @@ fallback (``_fallback.py``: the block runs that Lightning's own sequence; nestin
 Anything else (someone else's patch, a missing method, a signature without ``(self, optimizer)``) is
 left untouched with a warning.
 
-Rules (see STYLE.md): read and write the raw class ``__dict__``; recognise Lightning's own function
+Rules (those of wrapt, nest_asyncio and time-machine): read and write the raw class ``__dict__``; recognise Lightning's own function
 before replacing it (never wrap somebody else's wrapper); mark the replacement with a sentinel that
 points at the exact original, so ``install()`` is idempotent and ``uninstall()`` restores the very same
 object, also after ``importlib.reload(toggleshim)``; and with a weak reference to itself, so that
