@@ -9,6 +9,9 @@ import gc
 import importlib
 import inspect
 import pydoc
+import subprocess
+import sys
+import textwrap
 import warnings
 import weakref
 from typing import Any
@@ -966,3 +969,28 @@ def test_many_blocks_do_not_grow_memory(flavour: str) -> None:
     tracemalloc.stop()
     grown = marks[1] - marks[0]
     assert grown < 4 * 1024, f"{grown} bytes more after another 50,000 blocks"
+
+
+def test_import_toggleshim_before_lightning_imports_no_torch_and_marks_for_compile_later() -> None:
+    """``import toggleshim`` with no Lightning loaded imports neither torch nor its dynamo (seconds of
+    start-up for the CLI, a script that imports toggleshim first); the ``torch.compile`` marking comes
+    when a Lightning flavour is imported, before any block can run."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import toggleshim
+        from toggleshim import _toggle
+        assert "torch" not in sys.modules and "torch._dynamo" not in sys.modules, "torch imported"
+        assert len(_toggle._DYNAMO_PENDING) == 2
+        import torch._dynamo.eval_frame as eval_frame
+        marked = []
+        eval_frame.skip_code = marked.append
+        import lightning.pytorch
+        assert not _toggle._DYNAMO_PENDING
+        assert _toggle._toggle_optimizer.__code__ in marked and _toggle.Toggle._leave.__code__ in marked
+        print("ok", toggleshim.is_installed())
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok", "True"]

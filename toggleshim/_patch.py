@@ -7,11 +7,12 @@ fallback (``_fallback.py``: the block runs that Lightning's own sequence; nestin
 Anything else (someone else's patch, a missing method, a signature without ``(self, optimizer)``) is
 left untouched with a warning.
 
-Rules (those of wrapt, nest_asyncio and time-machine): read and write the raw class ``__dict__``; recognise Lightning's own function
-before replacing it (never wrap somebody else's wrapper); mark the replacement with a sentinel that
-points at the exact original, so ``install()`` is idempotent and ``uninstall()`` restores the very same
-object, also after ``importlib.reload(toggleshim)``; and with a weak reference to itself, so that
-someone else's wrapper carrying a copy of the marks (``functools.wraps`` copies ``__dict__``) is theirs.
+Rules (those of wrapt, nest_asyncio and time-machine): read and write the raw class ``__dict__``;
+recognise Lightning's own function before replacing it (never wrap somebody else's wrapper); mark
+the replacement with a sentinel that points at the exact original, so ``install()`` is idempotent
+and ``uninstall()`` restores the very same object, also after ``importlib.reload(toggleshim)``; and
+with a weak reference to itself, so that someone else's wrapper carrying a copy of the marks
+(``functools.wraps`` copies ``__dict__``) is theirs.
 
 A flavour imported after toggleshim is patched the moment its ``core.module`` has run, by the
 ``sys.meta_path`` hook; where another finder placed in front of it answers first (typeguard's import
@@ -42,7 +43,7 @@ from toggleshim._known import KNOWN
 from toggleshim._ours import MODE as _MODE
 from toggleshim._ours import ORIGINAL as _SENTINEL  # noqa: F401  (tests read it here)
 from toggleshim._ours import mark, original_of
-from toggleshim._toggle import Toggle, _keep_dynamo_out, _untoggled
+from toggleshim._toggle import Toggle, _keep_dynamo_out, _mark_for_dynamo, _untoggled
 
 __all__ = ["ToggleshimWarning", "install", "is_installed", "uninstall"]
 
@@ -477,7 +478,10 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> N
     for name, _ in _FLAVOURS:
         key = f"{name}.core.module"
         _judged[key] = sys.modules.get(key)
-    for flavour in _flavours():
+    flavours = _flavours()
+    if flavours:
+        _mark_for_dynamo()  # toggleshim's code, for torch.compile: Lightning has loaded torch by now
+    for flavour in flavours:
         kept = flavour.name if defer else None
         cls_dict = vars(flavour.module_cls)
         if _original_of(cls_dict.get("toggle_optimizer")) is not None:

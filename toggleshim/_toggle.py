@@ -38,6 +38,7 @@ from operator import attrgetter, is_, itemgetter
 from types import MethodType, TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
+from toggleshim._ours import CORE_MODULES as _CORE_MODULES
 from toggleshim._ours import check_flags as _check_flags
 from toggleshim._ours import describe as _describe
 from toggleshim._ours import overrides, route
@@ -975,13 +976,25 @@ def _double_step(optimizer: Any) -> RuntimeError:
     )
 
 
-def _keep_dynamo_out(namespace: dict[str, Any]) -> None:
+# Namespaces whose code is handed to dynamo once a Lightning flavour is loaded (_keep_dynamo_out).
+_DYNAMO_PENDING: list[dict[str, Any]] = []
+
+
+def _keep_dynamo_out(namespace: dict[str, Any], now: bool = False) -> None:
     """Have torch.compile run our code eagerly instead of tracing it (at no cost outside compile).
 
     Traced, the toggle's bookkeeping becomes dynamo guards that can break compilation; ``skip_code``
     makes dynamo graph-break at our calls, as Lightning's newest source does with
     ``torch.compiler.disable`` on its own toggle (whose wrapper costs ~3 us a call).
+
+    While no Lightning flavour is loaded, the namespace waits in ``_DYNAMO_PENDING``: importing torch's
+    dynamo costs seconds (``import toggleshim`` before Lightning, the CLI), and no block runs before a
+    Lightning is loaded; ``_patch`` hands the waiting ones over (:func:`_mark_for_dynamo`) whenever it
+    installs, from the import of a flavour on, Lightning having loaded torch by then.
     """
+    if not now and not any(name in sys.modules for name in _CORE_MODULES):
+        _DYNAMO_PENDING.append(namespace)
+        return
     try:
         from torch._dynamo.eval_frame import skip_code
     except Exception:  # pragma: no cover - a torch without dynamo
@@ -1006,6 +1019,12 @@ def _keep_dynamo_out(namespace: dict[str, Any]) -> None:
                 if getattr(code, "co_filename", None) == file:
                     for inner in codes(code):
                         skip_code(inner)
+
+
+def _mark_for_dynamo() -> None:
+    """Hand every waiting namespace to dynamo (a Lightning flavour is loaded)."""
+    while _DYNAMO_PENDING:
+        _keep_dynamo_out(_DYNAMO_PENDING.pop(), now=True)
 
 
 _keep_dynamo_out(globals())
