@@ -118,12 +118,14 @@ def render_program(program: tuple[object, ...]) -> str:
 
 def expected_with(span: Span) -> str:
     """The rules, restated independently: zero_grad is taken over when, apart from inert lines, the
-    first line is ``X.zero_grad()`` spelled as in the toggle; step when the last is ``X.step()``."""
+    first line is ``X.zero_grad()`` spelled as in the toggle; step when the last is ``X.step()`` and no
+    other line steps (the block refuses a step inside a block that steps on exit)."""
     x = SPELLINGS[span.k][span.spelling]
     real = [(i, op, arg) for i, (op, arg) in enumerate(span.ops) if op != "inert"]
     zg = bool(real) and real[0][1] == "zero_grad" and real[0][2] % 3 == span.spelling
     rest = real[1:] if zg else real
     step = bool(rest) and rest[-1][1] == "step" and rest[-1][2] % 3 == span.spelling
+    step = step and not any(op in ("step", "if_step") for _, op, _ in rest[:-1])
     flags = [f"{n}=False" for n, on in (("zero_grad", zg), ("step", step)) if not on]
     return f"with self.toggle_optimizer({', '.join([x, *flags])}):"
 

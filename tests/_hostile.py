@@ -16,9 +16,10 @@ from toggleshim import _toggle
 
 PACKAGE = str(Path(toggleshim.__file__).parent)
 HARNESS = str(Path(PACKAGE) / "testing")
-# Not the toggle's lines: run by the garbage collector or the import system at any time (toggleshim's
-# import hook; the weak reference callback of a module's state, a lambda in _state: a module dying).
-ASYNCHRONOUS = {"_drop_caches", "_forget", "find_spec"}
+# Not the toggle's lines: run by the garbage collector, the import system or the interpreter at any
+# time (toggleshim's import hook and audit hook, run at every audit event, `id()` among them; the weak
+# reference callback of a module's state, a lambda in _state: a module dying).
+ASYNCHRONOUS = {"_drop_caches", "_forget", "find_spec", "_audit"}
 ASYNCHRONOUS_CODE = {c for c in _toggle._state.__code__.co_consts if hasattr(c, "co_code")}
 
 

@@ -201,6 +201,16 @@ _GRADIENT_NAMES = frozenset(
 )
 
 
+def _steps(stmt: cst.CSTNode) -> bool:
+    """The statement may call a ``.step(...)`` anywhere in it (under a condition, in a loop, with a
+    closure; X spelled another way, or an alias of it): a block that steps on exit too would refuse
+    a second step of its optimizer, so X's last step stays in the body."""
+    return any(
+        isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "step"
+        for n in _nodes(stmt)
+    )
+
+
 def _touches_gradients(stmt: cst.CSTNode) -> bool:
     """The line names a gradient, a backward, a step, a zero_grad, a clipping or a toggle."""
     return any(isinstance(n, cst.Name) and n.value in _GRADIENT_NAMES for n in _nodes(stmt))
@@ -1013,7 +1023,10 @@ class _Migrator:
         for pos in range(len(inside) - 1, -1, -1):
             k = inside[pos]
             if _plain_method_line(body[k], "step", key):
-                if all(_inert(body[j], protected, bindings) for j in inside[pos + 1 :]):
+                # ... and no other line may step X (the block refuses a step inside a stepping block)
+                if all(_inert(body[j], protected, bindings) for j in inside[pos + 1 :]) and not any(
+                    _steps(body[j]) for j in inside if j != k
+                ):
                     step = True
                     carried_back = list(self.comments(body[k])) + carried_back
                     inside.remove(k)

@@ -685,13 +685,17 @@ class Toggle(Generic[_OptT]):
             and all(map(is_, record.values(), vals))  # not ==: 1 == True, which Lightning's write refuses
         ):
             restore = self._plan.restore
-            _assign(restore(managed), restore(vals))
+            try:
+                _assign(restore(managed), restore(vals))
+            finally:  # closed even when a write is refused: no statement toggle is open
+                self._state.flat_record = 0  # type: ignore[union-attr]
         else:
-            _lightning_untoggle(module, opts, self._optimizer, self._inner)
+            try:
+                _lightning_untoggle(module, opts, self._optimizer, self._inner)
+            finally:
+                self._state.flat_record = 0  # type: ignore[union-attr]
         # Lightning assigns through nn.Module.__setattr__, which stores a dict in __dict__ (10x slower).
         module.__dict__[_RECORD] = {}
-        if self._state is not None:
-            self._state.flat_record = 0  # no statement toggle is open
 
     def _untoggle_nested(self) -> None:
         assert self._managed is not None and self._entry is not None
