@@ -43,7 +43,7 @@ from toggleshim._known import KNOWN
 from toggleshim._ours import MODE as _MODE
 from toggleshim._ours import ORIGINAL as _SENTINEL  # noqa: F401  (tests read it here)
 from toggleshim._ours import mark, original_of
-from toggleshim._toggle import Toggle, _keep_dynamo_out, _mark_for_dynamo, _untoggled
+from toggleshim._toggle import _STEP_HOOK, Toggle, _keep_dynamo_out, _mark_for_dynamo, _untoggled, _watch_steps
 
 __all__ = ["ToggleshimWarning", "install", "is_installed", "uninstall"]
 
@@ -481,6 +481,8 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> N
     flavours = _flavours()
     if flavours:
         _mark_for_dynamo()  # toggleshim's code, for torch.compile: Lightning has loaded torch by now
+        if not _STEP_HOOK:
+            _watch_steps()  # torch's step hook, so that a block never spends its first entry on it
     for flavour in flavours:
         kept = flavour.name if defer else None
         cls_dict = vars(flavour.module_cls)

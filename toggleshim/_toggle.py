@@ -494,12 +494,14 @@ class Toggle(Generic[_OptT]):
                 "this toggle was undone or superseded before its block started; enter it where it is "
                 "made: `with self.toggle_optimizer(opt):`; nothing was changed"
             )
-        if self._step and not _STEP_HOOK:
-            _watch_steps()
-        if _LOOKED_UP:
-            _watch_class_exit(self)
         try:
+            if self._step and not _STEP_HOOK:  # (registered when a Lightning is patched, as a rule)
+                _watch_steps()
+            if _LOOKED_UP:
+                _watch_class_exit(self)
             self._phase = _OPEN
+            if self._step:
+                _STEPPING.append(self)
             if self._outer is not None:
                 self._nest()
             elif not self._nested:
@@ -653,6 +655,8 @@ class Toggle(Generic[_OptT]):
     def _let_go(self) -> None:
         """Closed: everything but the optimizer (its step may still come) and the state goes."""
         self._phase = _CLOSED
+        if self in _STEPPING:
+            _STEPPING.remove(self)
         self._module = self._inner = self._plan = self._layout = self._managed = None
         self._vals = self._entry = self._record = self._prev_record = self._outer = None
 
@@ -963,12 +967,15 @@ def _watch_steps() -> None:
     _STEP_HOOK.append(register_optimizer_step_post_hook(_note_step))
 
 
+# The open blocks that step on exit (entered, not yet closed): _note_step marks them.
+_STEPPING: list[Toggle[Any]] = []
+
+
 def _note_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     """torch's post-step hook: an open block over ``optimizer`` has seen it step."""
-    for state in tuple(_STATES.values()):
-        for t in state.stack:
-            if t._inner is optimizer and t._phase == _OPEN:
-                t._stepped = True
+    for t in _STEPPING:
+        if t._inner is optimizer:
+            t._stepped = True
 
 
 def _double_step(optimizer: Any) -> RuntimeError:
