@@ -135,7 +135,9 @@ def _amp_run(flavour: str, style: str) -> SimpleNamespace:
     pl = M.flavour_module(flavour)
     precision = importlib.import_module(f"{flavour}.plugins.precision")
     model = _amp_gan_class(pl)(style)
-    plugin = precision.MixedPrecision("16-mixed", "cpu", scaler=_scaler())
+    # MixedPrecision since Lightning 2.1; MixedPrecisionPlugin before (same arguments)
+    amp = getattr(precision, "MixedPrecision", None) or precision.MixedPrecisionPlugin
+    plugin = amp("16-mixed", "cpu", scaler=_scaler())
     trainer = pl.Trainer(max_epochs=1, plugins=[plugin], **M.TRAINER_DEFAULTS)
     data = M.loader(AMP_BATCHES * AMP_BATCH, AMP_BATCH)
     if style == "manual":
