@@ -569,7 +569,8 @@ class Toggle(Generic[_OptT]):
 
         Where the module's class overrides ``untoggle_optimizer``, that method is called, once (its
         ``super().untoggle_optimizer`` reaches toggleshim's, which closes this block); an override that
-        never reaches it leaves ``requires_grad`` as it made it, and toggleshim only lets the block go.
+        never reaches it leaves ``requires_grad`` as it made it, and toggleshim only lets the block go
+        (with the toggles left open inside it: no write, their records put back).
         Otherwise toggleshim's exact untoggle runs, retried until done.
         """
         error: BaseException | None = None
@@ -618,8 +619,8 @@ class Toggle(Generic[_OptT]):
 
     def _unwind(self, write: bool = True) -> None:
         """Undo this toggle and every toggle still open above it, innermost first; one that fails does
-        not stop the others (the first error propagates after). ``write=False``: this toggle is let go
-        without writing (the module's own untoggle_optimizer had its say); those above are undone."""
+        not stop the others (the first error propagates after). ``write=False``: they are let go without
+        writing ``requires_grad`` (the module's own untoggle_optimizer had its say), records put back."""
         stack = self._state.stack if self._state is not None else []
         if stack and stack[-1] is self:  # the innermost, as usual
             self._undo(write)
@@ -629,7 +630,7 @@ class Toggle(Generic[_OptT]):
         error: BaseException | None = None
         for t in stack[at:][::-1] or [self]:
             try:
-                t._undo(write or t is not self)
+                t._undo(write)
             except BaseException as e:  # re-raised below, after the others
                 error = _first(error, e)
         del stack[at:]

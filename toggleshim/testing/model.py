@@ -209,20 +209,22 @@ class ToggleModel:
 
     def _forget(self, frame: Frame) -> None:
         """The block's exit called an override of ``untoggle_optimizer`` that never calls ``super()``:
-        toggles left open above the block are undone, the block only let go (a nested one's record put
-        back); ``requires_grad`` is the override's business."""
+        the block and the toggles left open inside it are let go, innermost first, without writing
+        (a nested one's record put back); ``requires_grad`` is the override's business."""
+        above = []
         if any(f is frame for f in self.stack):
             while True:
                 top = self.stack.pop()
                 if top is frame:
                     break
-                self._undo(top)
-        if not frame.closed:
-            frame.closed = True
-            if frame.nested:
-                self.record = frame.previous_record
-            else:
-                self.flat_record = None
+                above.append(top)
+        for f in [*above, frame]:
+            if not f.closed:
+                f.closed = True
+                if f.nested:
+                    self.record = f.previous_record
+                else:
+                    self.flat_record = None
 
     # -- toggling --------------------------------------------------------------------------
 
