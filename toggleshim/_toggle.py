@@ -655,9 +655,9 @@ class Toggle(Generic[_OptT]):
 
     def _let_go(self) -> None:
         """Closed: everything but the optimizer (its step may still come) and the state goes."""
-        self._phase = _CLOSED
-        if self in _STEPPING:
+        if self in _STEPPING:  # first: an interrupt before _phase is set makes the retry come back here
             _STEPPING.remove(self)
+        self._phase = _CLOSED
         self._module = self._inner = self._plan = self._layout = self._managed = None
         self._vals = self._entry = self._record = self._prev_record = self._outer = None
 
