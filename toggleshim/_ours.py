@@ -63,14 +63,10 @@ def is_lightnings(fn: Any, name: str) -> bool:
     )
 
 
-def overrides(module: Any) -> tuple[bool, bool]:
-    """Whether ``module``'s class runs its own ``toggle_optimizer`` / ``untoggle_optimizer`` (a
-    subclass's override, or someone else's patch) rather than Lightning's or toggleshim's."""
-    cls = type(module)
-    return (
-        not is_lightnings(getattr(cls, "toggle_optimizer", None), "toggle_optimizer"),
-        not is_lightnings(getattr(cls, "untoggle_optimizer", None), "untoggle_optimizer"),
-    )
+def overrides(module: Any, name: str) -> bool:
+    """Whether ``module``'s class runs its own ``name`` (``toggle_optimizer`` or ``untoggle_optimizer``:
+    a subclass's override, or someone else's patch) rather than Lightning's or toggleshim's."""
+    return not is_lightnings(getattr(type(module), name, None), name)
 
 
 def route(module: Any) -> Callable[..., Any] | None:

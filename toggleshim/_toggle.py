@@ -575,7 +575,7 @@ class Toggle(Generic[_OptT]):
         """
         error: BaseException | None = None
         module, state = self._module, self._state
-        if state is not None and self._phase != _CLOSED and overrides(module)[1]:
+        if state is not None and self._phase != _CLOSED and overrides(module, "untoggle_optimizer"):
             state.exiting = self
             try:
                 module.untoggle_optimizer(self._optimizer)
@@ -886,7 +886,7 @@ def toggle(
     the patched method is there (docs/guard.md). Where the module's class overrides
     ``toggle_optimizer``, that override makes the toggle (see :func:`_through_own_toggle`).
     """
-    if overrides(module)[0]:
+    if overrides(module, "toggle_optimizer"):
         return _through_own_toggle(module, optimizer, zero_grad, step, sync_grad)
     fallback = route(module)
     if fallback is not None:  # typed as a Toggle: the same context manager, yielding the optimizer

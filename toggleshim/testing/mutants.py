@@ -217,7 +217,7 @@ SHIM: dict[str, tuple[str, str]] = {
         "        if False:\n",
     ),
     "the exit bypasses an overridden untoggle_optimizer": (
-        "        if state is not None and self._phase != _CLOSED and overrides(module)[1]:\n",
+        "        if state is not None and self._phase != _CLOSED and overrides(module, \"untoggle_optimizer\"):\n",
         "        if False:\n",
     ),
     "a step inside a block goes unnoticed": (
