@@ -763,13 +763,15 @@ class _Runner:
             elif op.fail not in (None, *SYNC_FAULTS):
                 w.fault = (op.fail, op.k)
 
+        body_done = -1  # where the exceptions raised once the body completed begin in w.raised
+
         def run_body() -> None:
-            nonlocal completed
+            nonlocal completed, body_done
             if frame is not None:
                 m.start_body(frame)
             self.point("entered")
             self.body(op.body, "b")
-            completed = True
+            completed, body_done = True, len(w.raised)
 
         refused = False
         try:
@@ -787,7 +789,8 @@ class _Runner:
                 if not (isinstance(exc, RuntimeError) and "step() ran inside" in str(exc)):
                     raise Mismatch(f"{self.driver.name} world: {exc!r} came out where the model expects the "
                                    "double step's RuntimeError") from exc
-                w.raised.append(exc)
+                # raised ahead of whatever the untoggle then raised (a no-sync context's exit fault)
+                w.raised.insert(body_done, exc)
             raise
         finally:
             w.fault = None

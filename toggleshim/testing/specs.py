@@ -547,4 +547,7 @@ NESTED_EXAMPLES = (
     WorldSpec(_TWO, (), _SHARED, (Block(0, (Statement(1, (Backward((1,)),)), Backward((0,)))),)),
     # a sync_grad=True block inside a sync_grad=False one: still blocked; back on after the outer
     WorldSpec(_TWO, (), _SHARED, (Block(0, (Block(1, (Backward((1,)),)), Raise()), sync_grad=False),), (0, 1)),
+    # a block stepped inside a block over the same optimizer (the outer refuses its second step) whose
+    # no-sync exit then fails: the refusal, raised first, comes out
+    WorldSpec(_TWO, (), _SHARED, (Block(0, (Block(0, sync_grad=False),), fail="sync_exit", sync_grad=False),), (0,)),
 )
