@@ -178,7 +178,12 @@ class InstallMachine(RuleBasedStateMachine):
             return "fallback", (f"its {' and '.join(differs)} code differs from every release toggleshim verified "
                                 f"(fingerprints {prints[0][:12]}, {prints[1][:12]}; ")  # type: ignore[index]
         seen = KNOWN[tuple(prints)]  # type: ignore[index]
-        return "shim", f"toggle code verified: identical to {len(seen)} verified release(s), {seen[0]} to {seen[-1]}"
+        dists = list(dict.fromkeys(r.split()[0] for r in seen))  # each distribution's range on its own
+        versions = {d: [r.split()[1] for r in seen if r.split()[0] == d] for d in dists}
+        spans = " and ".join(f"{d} {v[0]}" + (f" to {v[-1]}" if len(v) > 1 else "") for d, v in versions.items())
+        plural = "s" if len(seen) != 1 else ""
+        return "shim", (f"toggle code verified: identical to the verified releases of {spans} ({len(seen)} "
+                        f"release{plural})")
 
     def mode(self, name: str) -> str:
         """Of toggleshim's toggle on the flavour, where the class holds it: the fallback on code not

@@ -73,7 +73,7 @@ def run_on_pty(args: list[str], timeout: float = 300) -> tuple[int, str]:
 
 
 USAGE_ERRORS = [
-    (["--property", "no-such-property"], [*PROPERTIES]),
+    (["--property", "no-such-property"], [p.name for p in PROPERTIES]),
     (["--flavour", "lightning"], [*FLAVOURS]),
     (["--examples", "0"], ["at least 1"]),
 ]
@@ -109,14 +109,19 @@ def test_flavour_in_a_fresh_process_piped_with_json(flavour: str) -> None:
     assert report["ok"] and report["flavours"] == [flavour]
     assert report["toggle_code"][flavour]["mode"] == "shim"
     props = report["properties"]
-    assert [p["prop"] for p in props] == list(PROPERTIES) and all(p["verdict"] == "pass" for p in props)
+    assert [p["prop"] for p in props] == [p.name for p in PROPERTIES] and all(p["verdict"] == "pass" for p in props)
     for p in [*props, report]:
         assert p["seconds"] == round(p["seconds"], 2)
     ran = [p["examples"] for p in props]
     assert all(n > 0 for n in ran)
     assert f"{sum(ran)} examples in" in proc.stderr  # the summary counts what ran, as the JSON does
-    for p in props:  # each line shows the count that ran
-        assert re.search(rf"{p['prop']}\s+pass\s+{p['examples']} examples", proc.stderr), proc.stderr
+    # the header says what a property runs, and each line shows what ran: its hand-picked worlds, then
+    # the random ones the header announced (the trainer property: a tenth, at least one)
+    assert "then 3 random ones (trainer 1: each runs a Trainer.fit)" in proc.stderr, proc.stderr
+    for p, spec in zip(props, PROPERTIES):
+        random = spec.random(3)
+        assert p["hand_picked"] == len(spec.hand_picked()) and p["examples"] == p["hand_picked"] + random, p
+        assert re.search(rf"{p['prop']}\s+pass\s+{p['hand_picked']} hand-picked \+ {random} random", proc.stderr)
     assert "\r" not in proc.stderr and not any(b in proc.stderr + proc.stdout for b in BANNERS)
     assert "install" not in {p["prop"] for p in props}
 
@@ -131,6 +136,64 @@ def test_check_on_a_terminal_ends_its_progress_at_its_total() -> None:
     assert f"{total} examples in" in out  # the bar's total is the number of examples that ran
     assert not any(b in out for b in BANNERS), out
     assert re.search(r"OK: \d+ passed, 0 failed", out)
+
+
+def test_the_verified_range_is_named_per_distribution(flavour: str) -> None:
+    from toggleshim._known import KNOWN
+    from toggleshim._patch import _flavours, _status
+
+    mode, why = _status(next(f for f in _flavours() if f.name == flavour))
+    assert mode == "shim"
+    releases = next(iter(KNOWN.values()))
+    for dist in ("lightning", "pytorch-lightning"):
+        versions = [r.split()[1] for r in releases if r.split()[0] == dist]
+        assert f"{dist} {versions[0]} to {versions[-1]}" in why, why
+    assert f"({len(releases)} releases)" in why
+
+
+def test_a_bad_json_path_is_a_usage_error_before_the_run(tmp_path: Path) -> None:
+    missing, directory = run_many([[*CHECK, "--json", str(tmp_path / "no" / "r.json")],
+                                   [*CHECK, "--json", str(tmp_path)]])
+    assert missing.returncode == directory.returncode == 2, (missing, directory)
+    assert "no such directory" in missing.stderr and "is a directory" in directory.stderr
+    for proc in (missing, directory):
+        assert "Traceback" not in proc.stderr and "toggleshim check:" not in proc.stdout  # nothing ran
+
+
+def test_a_closed_pipe_ends_the_check_quietly() -> None:
+    """``check | head -1``: no traceback, the status of a process the shell saw killed by SIGPIPE."""
+    proc = subprocess.Popen([*CHECK, *QUICK], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()  # the reader goes away
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, err
+    assert first.startswith(b"toggleshim check:") and err == "", err
+
+
+def test_check_leaves_nothing_in_the_working_directory(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in ENV.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    work = tmp_path / "project"
+    work.mkdir()
+    proc = subprocess.run([*CHECK, *QUICK], capture_output=True, text=True, cwd=work, timeout=300,
+                          env={**env, "XDG_CACHE_HOME": str(cache)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert list(work.iterdir()) == []
+    assert (cache / "toggleshim" / "hypothesis").is_dir()  # Hypothesis's files went to the cache
+
+
+def test_every_usage_line_names_the_program_as_it_was_called() -> None:
+    script = str(Path(sys.executable).with_name("toggleshim"))
+    module = [sys.executable, "-m", "toggleshim"]
+    procs = run_many([[script, "--help"], [script, "check", "--help"], [script, "migrate", "--help"],
+                      [*module, "--help"], [*module, "check", "--help"], [*module, "migrate", "--help"],
+                      [script, "check", "--examples", "0"], [*module, "migrate"]])
+    for proc in procs:
+        called = "toggleshim" if proc.args[0] == script else "python -m toggleshim"
+        usage = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("usage:")]
+        assert usage and all(line.startswith(f"usage: {called} ") for line in usage), (proc.args, usage)
+        assert called == "toggleshim" or "usage: toggleshim" not in proc.stdout + proc.stderr
 
 
 # help

@@ -19,23 +19,17 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import platform
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 __all__ = ["main", "run_check"]
 
-#: the properties ``check`` runs, in order: name -> what it shows (the strategies are in ``_properties``)
-PROPERTIES = {
-    "lightning-semantics": "Lightning's own toggle/untoggle follow the model",
-    "block-equals-manual": "the block equals the manual sequence, bitwise",
-    "nesting": "nested blocks follow the model",
-    "trainer": "inside Trainer.fit, through LightningOptimizer",
-}
 FLAVOURS = ("lightning.pytorch", "pytorch_lightning")
 # Lightning's per-Trainer banners (GPU/TPU available, the litlogger tip, "Trainer.fit stopped") go
 # through these loggers; silenced during the check only.
@@ -53,8 +47,9 @@ runnable snippet) or nothing was checked, 2 a usage error."""
 class _Result:
     flavour: str
     prop: str
-    examples: int = 0
+    examples: int = 0  # every world that ran: the hand-picked ones, then the random ones
     examples_asked: int = 0
+    hand_picked: int = 0  # of which hand-picked
     verdict: str = "pass"
     seconds: float = 0.0
     message: str = ""
@@ -62,34 +57,61 @@ class _Result:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _properties() -> dict[str, tuple[Callable[..., Any], Callable[[Any, str], object], int]]:
-    """name -> (strategy factory, check(spec, flavour), examples divisor)."""
-    from toggleshim.testing import (
-        assert_lightning_follows_model,
-        assert_toggle_equivalent,
-        assert_toggle_equivalent_in_trainer,
-        worlds,
-    )
+@dataclass(frozen=True)
+class _Property:
+    """One property ``check`` runs: everything about it in one place (add a property here only).
 
-    return {
-        "lightning-semantics": (lambda: worlds(nesting=False), assert_lightning_follows_model, 1),
-        "block-equals-manual": (lambda: worlds(nesting=False), assert_toggle_equivalent, 1),
-        "nesting": (lambda: worlds(nesting=True), assert_toggle_equivalent, 1),
-        "trainer": (lambda: worlds(nesting=False, max_ops=3), assert_toggle_equivalent_in_trainer, 10),
-    }
+    ``strategy`` and ``checker`` name attributes of ``toggleshim.testing`` (imported when the check
+    runs, not at start-up); ``explicit`` names its tuple of hand-picked worlds there (run first, every
+    time, on top of the random ones); ``divisor``: the property runs ``examples // divisor`` random
+    worlds (the trainer property's each run a ``Trainer.fit``).
+    """
+
+    name: str
+    doc: str
+    checker: str
+    nesting: bool = False
+    max_ops: int = 4  # the program's operations at most (worlds()'s default)
+    explicit: str | None = "FLAT_EXAMPLES"
+    divisor: int = 1
+
+    def strategy(self) -> Any:
+        from toggleshim import testing
+
+        return testing.worlds(nesting=self.nesting, max_ops=self.max_ops)
+
+    def check(self, spec: Any, flavour: str) -> object:
+        from toggleshim import testing
+
+        return getattr(testing, self.checker)(spec, flavour)
+
+    def hand_picked(self) -> tuple[Any, ...]:
+        from toggleshim import testing
+
+        return () if self.explicit is None else tuple(getattr(testing, self.explicit))
+
+    def random(self, examples: int) -> int:
+        return max(1, examples // self.divisor)
+
+    def snippet(self, spec: Any, flavour: str) -> str:
+        """A runnable reproduction of a failing world."""
+        return (
+            f"import toggleshim\nfrom toggleshim.testing import *\nspec = {spec!r}\n"
+            f"{self.checker}(spec, {flavour!r})\n"
+        )
 
 
-def _explicit(prop: str) -> tuple[Any, ...]:
-    """The hand-picked worlds a property runs first, every time (on top of the random ones)."""
-    from toggleshim.testing import FLAT_EXAMPLES, NESTED_EXAMPLES
-
-    return {"nesting": NESTED_EXAMPLES, "trainer": ()}.get(prop, FLAT_EXAMPLES)
-
-
-def _snippet(spec: Any, flavour: str, prop: str) -> str:
-    checks = {"trainer": "assert_toggle_equivalent_in_trainer", "lightning-semantics": "assert_lightning_follows_model"}
-    check = checks.get(prop, "assert_toggle_equivalent")
-    return f"import toggleshim\nfrom toggleshim.testing import *\nspec = {spec!r}\n{check}(spec, {flavour!r})\n"
+#: the properties ``check`` runs, in order
+PROPERTIES = (
+    _Property("lightning-semantics", "Lightning's own toggle/untoggle follow the model",
+              "assert_lightning_follows_model"),
+    _Property("block-equals-manual", "the block equals the manual sequence, bitwise", "assert_toggle_equivalent"),
+    _Property("nesting", "nested blocks follow the model", "assert_toggle_equivalent", nesting=True,
+              explicit="NESTED_EXAMPLES"),
+    _Property("trainer", "inside Trainer.fit, through LightningOptimizer", "assert_toggle_equivalent_in_trainer",
+              max_ops=3, explicit=None, divisor=10),
+)
+_BY_NAME = {p.name: p for p in PROPERTIES}
 
 
 class _Progress:
@@ -139,14 +161,13 @@ class _Progress:
             self.stream.flush()
 
 
-def _run_property(flavour: str, prop: str, examples: int, seed: int, progress: _Progress) -> _Result:
+def _run_property(flavour: str, prop: _Property, examples: int, seed: int, progress: _Progress) -> _Result:
     from hypothesis import HealthCheck, Phase, example, given, settings
     from hypothesis import seed as hseed
 
-    strategy, check, divisor = _properties()[prop]
-    n = max(1, examples // divisor)
-    explicit = _explicit(prop)
-    result = _Result(flavour, prop, examples_asked=n + len(explicit))
+    n = prop.random(examples)
+    explicit = prop.hand_picked()
+    result = _Result(flavour, prop.name, examples_asked=n + len(explicit), hand_picked=len(explicit))
     failing: list[Any] = []
 
     @hseed(seed)
@@ -159,13 +180,13 @@ def _run_property(flavour: str, prop: str, examples: int, seed: int, progress: _
         print_blob=False,
         report_multiple_bugs=False,
     )
-    @given(strategy())
+    @given(prop.strategy())
     def prop_test(spec: Any) -> None:
         if not failing:  # replays while shrinking are not new examples
             result.examples += 1
-            progress.update(f"{flavour} {prop}")
+            progress.update(f"{flavour} {prop.name}")
         try:
-            check(spec, flavour)
+            prop.check(spec, flavour)
         except BaseException:
             failing.append(spec)
             raise
@@ -179,7 +200,7 @@ def _run_property(flavour: str, prop: str, examples: int, seed: int, progress: _
         result.verdict = "FAIL"
         result.message = _plain(exc)
         if failing:
-            result.snippet = _snippet(failing[-1], flavour, prop)  # Hypothesis replays the shrunk one last
+            result.snippet = prop.snippet(failing[-1], flavour)  # Hypothesis replays the shrunk one last
     result.seconds = round(time.perf_counter() - start, 2)
     progress.settle(result.examples_asked, result.examples)
     if result.examples == 0 and result.verdict == "pass":
@@ -276,12 +297,16 @@ def _check(
     from toggleshim import _patch
 
     gate = {f.name: _patch._status(f) for f in _patch._flavours() if f.name in names}
-    props = [p for p in PROPERTIES if not only or p in only]
-    estimate = {p: max(1, examples // _properties()[p][2]) + len(_explicit(p)) for p in props}
+    props = [p for p in PROPERTIES if not only or p.name in only]
+    estimate = {p.name: p.random(examples) + len(p.hand_picked()) for p in props}
     progress = _Progress(sum(estimate.values()) * len(names), out)
     versions = _versions()
     progress.line("toggleshim check: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
-    progress.line(f"flavours: {', '.join(names) or 'none found'}; {examples} examples a property; seed {seed}")
+    fewer = [f"{p.name} {p.random(examples)}" for p in props if p.divisor != 1]
+    progress.line(
+        f"flavours: {', '.join(names) or 'none found'}; seed {seed}; a property runs its hand-picked worlds, "
+        f"then {examples} random ones" + (f" ({', '.join(fewer)}: each runs a Trainer.fit)" if fewer else "")
+    )
     for name in names:
         mode, reason = gate.get(name, ("untouched", "not imported"))
         verdict = {"shim": "", "fallback": "NOT verified, blocks fall back to Lightning's own sequence: "}
@@ -303,9 +328,9 @@ def _check(
                 for prop in props:
                     r = _run_property(flavour, prop, examples, seed, progress)
                     results.append(r)
+                    ran = f"{r.hand_picked} hand-picked + {max(0, r.examples - r.hand_picked)} random"
                     progress.line(
-                        f"  {flavour:<18} {prop:<22} {r.verdict:<4}  {r.examples:>4} examples  {r.seconds:6.1f} s  "
-                        f"({PROPERTIES[prop]})"
+                        f"  {flavour:<18} {prop.name:<22} {r.verdict:<4}  {ran:<26} {r.seconds:6.1f} s  ({prop.doc})"
                     )
     progress.close()
     elapsed = round(time.perf_counter() - start, 2)
@@ -341,9 +366,36 @@ def _examples(text: str) -> int:
     return value
 
 
-def _parser() -> argparse.ArgumentParser:
+def _program() -> str:
+    """How the user called us, for usage lines: ``python -m toggleshim`` or the ``toggleshim`` script."""
+    return "python -m toggleshim" if os.path.basename(sys.argv[0]) == "__main__.py" else "toggleshim"
+
+
+def _json_target(path: str) -> str | None:
+    """Why the report could not be written to ``path`` (checked before the run), or None."""
+    if path == "-":
+        return None
+    if os.path.isdir(path):
+        return f"--json {path}: is a directory"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"--json {path}: no such directory {parent}"
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return f"--json {path}: not writable"
+    return None
+
+
+def _hypothesis_out_of_cwd() -> None:
+    """Hypothesis keeps files (its unicode tables) in ``./.hypothesis`` unless told otherwise: a check
+    run in the user's project must not leave a directory there. Theirs wins when set."""
+    if "HYPOTHESIS_STORAGE_DIRECTORY" not in os.environ and "hypothesis" not in sys.modules:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = os.path.join(cache, "toggleshim", "hypothesis")
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m toggleshim",
+        prog=prog,
         description="toggleshim: `with self.toggle_optimizer(opt):` for PyTorch Lightning manual optimization.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -353,7 +405,9 @@ def _parser() -> argparse.ArgumentParser:
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    c.add_argument("--examples", type=_examples, default=100, help="random worlds a property (default 100)")
+    c.add_argument("--examples", type=_examples, default=100,
+                   help="random worlds a property (default 100; the trainer property runs a tenth, each a "
+                   "Trainer.fit); every property runs its hand-picked worlds first, on top")
     c.add_argument("--seed", type=int, default=0, help="seed of the random worlds (default 0: reproducible)")
     c.add_argument("--json", metavar="PATH", help="write a machine-readable report ('-' for stdout)")
     c.add_argument(
@@ -362,7 +416,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=FLAVOURS,
         help="only this flavour (repeatable; default: every installed one)",
     )
-    c.add_argument("--property", action="append", dest="only", choices=list(PROPERTIES),
+    c.add_argument("--property", action="append", dest="only", choices=list(_BY_NAME),
                    help="only this property (repeatable; default: all)")
     # `migrate` parses its own arguments (toggleshim/_migrate.py); listed here for --help.
     sub.add_parser("migrate", help="rewrite statement toggles into blocks where exactly equivalent (docs/migrate.md)")
@@ -371,27 +425,46 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
+    prog = _program()
     if args_in[:1] == ["migrate"]:  # imported only when used (LibCST is an optional extra)
         from toggleshim import _migrate
 
-        return _migrate.main(args_in[1:])
-    parser = _parser()
+        return _migrate.main(args_in[1:], prog)
+    parser = _parser(prog)
     args = parser.parse_args(args_in)
     if args.command == "check":
+        if args.json and (problem := _json_target(args.json)):
+            parser.exit(2, f"{prog} check: error: {problem}\n")  # before the run, not after it
+        _hypothesis_out_of_cwd()
         out = sys.stderr if args.json == "-" else sys.stdout
         try:
             status, report = run_check(args.examples, args.seed, args.flavour, args.only, out)
+            if args.json:
+                text = json.dumps(report, indent=2, default=str)
+                if args.json == "-":
+                    sys.stdout.write(text + "\n")
+                else:
+                    with open(args.json, "w") as fh:
+                        fh.write(text + "\n")
+            sys.stdout.flush()
         except UsageError as exc:
-            parser.exit(2, f"{parser.prog} check: error: {exc}\n")
-        if args.json:
-            text = json.dumps(report, indent=2, default=str)
-            if args.json == "-":
-                sys.stdout.write(text + "\n")
-            else:
-                with open(args.json, "w") as fh:
-                    fh.write(text + "\n")
+            parser.exit(2, f"{prog} check: error: {exc}\n")
+        except BrokenPipeError:
+            return _closed_pipe()
         return status
     parser.error(f"unknown command {args.command!r}")  # argparse already refuses it; kept for new commands
+
+
+def _closed_pipe() -> int:
+    """The reader of our output went away (``| head``): stop quietly, with the status a shell reports
+    for a process killed by SIGPIPE (Python would otherwise print a traceback flushing at exit)."""
+    from toggleshim._migrate import EXIT_CLOSED_PIPE
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(devnull, stream.fileno())
+    return EXIT_CLOSED_PIPE
 
 
 if __name__ == "__main__":

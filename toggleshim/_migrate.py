@@ -1403,9 +1403,9 @@ def _analyse(parsed: _Parsed, program: _Program, assume: frozenset[str]) -> _Fil
     raise AssertionError("unreachable")  # for mypy: _skipping re-raises every exception
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "toggleshim") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="toggleshim migrate",
+        prog=f"{prog} migrate",
         description="Rewrite statement toggles (toggle_optimizer ... untoggle_optimizer) into "
         "`with self.toggle_optimizer(opt):` blocks where provably equivalent (docs/migrate.md).",
     )
@@ -1438,10 +1438,10 @@ def _parser() -> argparse.ArgumentParser:
 EXIT_CLOSED_PIPE = 141
 
 
-def main(argv: list[str]) -> int:
-    """``toggleshim migrate``; returns the exit code."""
+def main(argv: list[str], prog: str = "toggleshim") -> int:
+    """``toggleshim migrate``; returns the exit code. ``prog``: how the program was called (usage lines)."""
     try:
-        args = _parser().parse_args(argv)
+        args = _parser(prog).parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else 2
     if not _load_libcst():

@@ -331,7 +331,7 @@ def _classify(flavour: _Flavour) -> tuple[str, str]:
         return "fallback", "the source of its toggle code is unavailable (a .pyc-only install?): it cannot be verified"
     seen = KNOWN.get((toggle, untoggle))
     if seen is not None:
-        return "shim", f"toggle code verified: identical to {len(seen)} verified release(s), {seen[0]} to {seen[-1]}"
+        return "shim", f"toggle code verified: identical to the verified releases of {_ranges(seen)}"
     differs = [
         name for i, (name, fp) in enumerate(zip(_PATCHED, (toggle, untoggle))) if all(fp != pair[i] for pair in KNOWN)
     ]
@@ -552,6 +552,18 @@ def _unpatched(flavour: _Flavour) -> _Flavour:
     cls_dict = vars(flavour.module_cls)
     originals = {name: _original_of(cls_dict[name]) or cls_dict[name] for name in _PATCHED if name in cls_dict}
     return _Flavour(flavour.name, flavour.distribution, type("Probe", (), originals), flavour.optimizer_cls)
+
+
+def _ranges(releases: list[str]) -> str:
+    """``["lightning 2.0.9", "pytorch-lightning 2.0.9", "lightning 2.6.6", ...]`` ->
+    ``"lightning 2.0.9 to 2.6.6 and pytorch-lightning 2.0.9 to 2.6.6 (4 releases)"``: each
+    distribution's range on its own (the list holds each distribution's releases oldest first)."""
+    by_dist: dict[str, list[str]] = {}
+    for release in releases:
+        dist, _, version = release.partition(" ")
+        by_dist.setdefault(dist, []).append(version)
+    spans = [f"{d} {v[0]}" if len(v) == 1 else f"{d} {v[0]} to {v[-1]}" for d, v in by_dist.items()]
+    return f"{' and '.join(spans)} ({len(releases)} release{'s' if len(releases) != 1 else ''})"
 
 
 def _status(flavour: _Flavour) -> tuple[str, str]:
