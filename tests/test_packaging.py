@@ -50,7 +50,9 @@ def _run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.Complete
 @pytest.fixture(scope="session")
 def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """``python -m build`` (sdist, then the wheel from the sdist) of a copy of the source tree."""
-    shared = tmp_path_factory.getbasetemp().parent  # one directory for all xdist workers
+    base = tmp_path_factory.getbasetemp()
+    # one directory for all xdist workers (theirs are popen-gwN in the session's); alone, the session's
+    shared = base.parent if base.name.startswith("popen-gw") else base
     out, done = shared / "toggleshim-dists", shared / "toggleshim-dists.json"
     with FileLock(str(shared / "toggleshim-dists.lock")):
         if not done.exists():
@@ -194,3 +196,47 @@ def test_release_check_accepts_the_matching_tag_and_names_each_mismatch(dists: d
         assert expected in wrong.stderr, wrong.stderr
     bad = subprocess.run([*script, "--tag", "0.1.0", str(dist)], capture_output=True, text=True, check=False)
     assert bad.returncode == 1 and "is not v<version>" in bad.stderr
+
+
+# type checkers find the package as a user installs it: from a checkout (editable) or the wheel
+
+_USER_FILE = """\
+from toggleshim import Toggle, toggle
+
+def use(t: Toggle[list[int]]) -> None:
+    reveal_type(toggle)
+"""
+
+
+def _mypy_in(env: Path | None, user: Path) -> str:
+    """``mypy --strict`` on a user file outside the checkout, against the packages of venv ``env``
+    (torch and Lightning absent there: only toggleshim's own resolution is under test)."""
+    python = env / "bin" / "python" if env is not None else Path(sys.executable)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--python-executable", str(python),
+         "--config-file", os.devnull, str(user)],
+        cwd=user.parent, capture_output=True, text=True, timeout=300, check=False,
+    )
+    return proc.stdout + proc.stderr
+
+
+def test_type_checkers_find_the_package_after_an_editable_or_a_wheel_install(
+    dists: dict[str, Path], tmp_path: Path
+) -> None:
+    user = tmp_path / "project" / "train.py"
+    user.parent.mkdir()
+    user.write_text(_USER_FILE)
+    envs = {}
+    for kind in ("bare", "editable", "wheel"):
+        envs[kind] = tmp_path / kind
+        _run([sys.executable, "-m", "venv", str(envs[kind])], cwd=tmp_path)
+    pip = ["-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check"]
+    src = dists["sdist"].parent.parent / "toggleshim-src"  # the copy the build started from
+    _run([str(envs["editable"] / "bin" / "python"), *pip, "-e", str(src)], cwd=tmp_path)
+    _run([str(envs["wheel"] / "bin" / "python"), *pip, str(dists["wheel"])], cwd=tmp_path)
+    # the control: where toggleshim is not installed, mypy says so (this check can fail)
+    assert 'module named "toggleshim"' in _mypy_in(envs["bare"], user)
+    for kind in ("editable", "wheel"):
+        out = _mypy_in(envs[kind], user)
+        assert "import-not-found" not in out and "error:" not in out, (kind, out)
+        assert "toggleshim._toggle.Toggle[" in out, (kind, out)  # the real signature, not Any

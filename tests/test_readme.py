@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,3 +53,139 @@ def test_readme_install_command_installs_and_runs_the_check() -> None:
 def test_readme_leaves_no_internal_notes() -> None:
     for phrase in ("this project's", "TOGGLESHIM_PURE_PYTHON", "_speedups", "C kernels", "torch==2.13.0"):
         assert phrase not in README, phrase
+
+
+# every code block runs or type-checks as written
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README, re.DOTALL)
+
+
+def _excerpt_of(block: str, path: Path) -> bool:
+    """``block`` appears, line for line, in the file at ``path`` (indentation included)."""
+    return block.strip("\n") in path.read_text()
+
+
+_TRAIN_README_GAN = """
+import sys, torch
+sys.path.insert(0, {folder!r})
+from readme_gan import GAN
+from lightning.pytorch import Trainer
+g = torch.Generator().manual_seed(0)
+data = [(torch.randn(16, 2, generator=g), torch.randn(16, 8, generator=g)) for _ in range(3)]
+module = GAN()
+before = [p.detach().clone() for p in module.parameters()]
+trainer = Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=None))
+assert trainer.global_step == 6, trainer.global_step  # two optimizer steps a batch
+assert all(not torch.equal(a, b) for a, b in zip(before, module.parameters())), "nothing trained"
+assert all(p.requires_grad for p in module.parameters()), "left frozen"
+print("trained", sorted(trainer.logged_metrics))
+"""
+
+
+def test_the_first_example_is_a_whole_module_that_trains(tmp_path: Path) -> None:
+    """As written: pasted into a file, it trains under a real Trainer (after the blocks every
+    parameter is trainable again, and it logged both losses)."""
+    (tmp_path / "readme_gan.py").write_text(_python_blocks()[0])
+    proc = subprocess.run([sys.executable, "-c", _TRAIN_README_GAN.format(folder=str(tmp_path))],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "trained ['d_loss', 'g_loss']" in proc.stdout
+
+
+_RECIPE = """
+import sys, torch
+from lightning.pytorch import LightningModule, Trainer
+import toggleshim
+
+class Base(LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.net = torch.nn.Linear(2, 1)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.net.parameters(), lr=0.1)
+    def compute_loss(self, batch):
+        return self.net(batch).pow(2).mean()
+
+class Recipe(Base):
+{body}
+data = [torch.randn(4, 2, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+trainer = Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(Recipe(), torch.utils.data.DataLoader(data, batch_size=None))
+print("steps", trainer.global_step)
+"""
+
+
+def test_the_accumulation_recipe_runs_in_a_module() -> None:
+    """The recipe's text, indented into a LightningModule's body, runs under a real Trainer: 8 batches,
+    4 micro-batches a step, 2 optimizer steps (its bitwise equality with Lightning's own recipe:
+    tests/test_training.py)."""
+    recipe = next(b for b in _python_blocks() if "micro-batches" in b)
+    body = "\n".join("    " + line if line else line for line in recipe.splitlines())
+    proc = subprocess.run([sys.executable, "-c", _RECIPE.format(body=body)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "steps 2" in proc.stdout
+
+
+def test_every_other_python_block_is_an_excerpt_of_a_checked_file() -> None:
+    """The typed example is an excerpt of the file `.ci/run` type-checks with `mypy --strict`; the
+    harness example one of the example test that the suite runs."""
+    blocks = _python_blocks()
+    typed = next(b for b in blocks if "toggle(self, d_opt)" in b)
+    harness = next(b for b in blocks if "assert_program_equivalent" in b)
+    assert _excerpt_of(typed, ROOT / "tests" / "typing" / "typed_gan.py"), typed
+    assert _excerpt_of(harness, ROOT / "examples" / "test_my_module.py"), harness
+    assert "tests/typing/typed_gan.py" in CI_RUN or "typed_gan.py" in CI_RUN
+    assert len(blocks) == 4, "a new python block in the README: add it to the tests above"
+
+
+def test_readme_shell_lines_parse_with_the_real_command_line() -> None:
+    """Every `toggleshim …` / `python -m toggleshim …` line of the README is accepted by the parser
+    of the command it names (nothing runs)."""
+    from toggleshim import __main__ as cli
+    from toggleshim import _migrate
+
+    lines = [line.split("#")[0].strip() for block in _bash_blocks() for line in block.splitlines()]
+    checked = 0
+    for line in lines:
+        for cmd in line.split("&&"):
+            words = cmd.split()
+            if words[:3] == ["python", "-m", "toggleshim"]:
+                words = words[2:]
+            if words[:1] != ["toggleshim"]:
+                continue
+            if words[1] == "migrate":
+                _migrate._parser().parse_args(words[2:])
+            else:
+                cli._parser("toggleshim").parse_args(words[1:])
+            checked += 1
+    assert checked >= 5, checked
+
+
+def test_nothing_in_the_repository_points_outside_it() -> None:
+    """Notes kept beside the repository are for its developers; the product never cites them."""
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    outside = re.compile(r"LIGHTNING_NOTES|STYLE\.md|\.\./shared\b")
+    hits = [f for f in files if (ROOT / f).is_file() and f != "tests/test_readme.py"
+            and outside.search((ROOT / f).read_text(errors="replace"))]
+    assert hits == []
+
+
+# the README's numbers are measured (scripts/readme_numbers.py), the count is the tree's
+
+
+def test_readme_numbers_are_the_scripts_and_the_count_is_the_trees() -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import readme_numbers
+    finally:
+        sys.path.pop(0)
+    numbers = json.loads((ROOT / "docs" / "readme_numbers.json").read_text())
+    assert readme_numbers.render(numbers) in README, "run: python scripts/readme_numbers.py --render"
+    assert numbers["tests"] == readme_numbers.collected(), "run: python scripts/readme_numbers.py --count"

@@ -21,9 +21,9 @@ class GAN(LightningModule):
         opts = self.optimizers()
         assert isinstance(opts, list)  # Lightning types it as one-or-a-list
         g_opt, d_opt = opts
-        block: Toggle[LightningOptimizer] = toggle(self, d_opt)
-        with block as opt:
-            opt.zero_grad()
+        with toggle(self, d_opt) as opt:  # a Toggle[LightningOptimizer]; opt has d_opt's type
             self.manual_backward(self.discriminator(batch).mean())
-        with toggle(self, g_opt, zero_grad=False, step=True):
+        block: Toggle[LightningOptimizer] = toggle(self, g_opt, zero_grad=False, step=True)
+        with block as g:
+            g.zero_grad()
             self.manual_backward(self.discriminator(self.generator(batch)).mean())
