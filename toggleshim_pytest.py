@@ -19,8 +19,6 @@ from typing import Any
 
 import pytest
 
-_FLAVOURS = ("lightning.pytorch", "pytorch_lightning")
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("toggleshim", "toggleshim (does toggling on the installed Lightning behave as expected?)")
@@ -40,8 +38,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--toggleshim-check-flavour",
         action="append",
-        choices=_FLAVOURS,
-        help="only this Lightning flavour (repeatable; default: every installed one)",
+        metavar="NAME",
+        help="only this Lightning flavour, by its import name (repeatable; default: every installed one)",
     )
 
 
@@ -50,6 +48,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("toggleshim_check") and not hasattr(config, "workerinput"):
         if config.getoption("toggleshim_check_examples") < 1:
             raise pytest.UsageError("--toggleshim-check-examples must be at least 1")
+        from toggleshim._flavours import NAMES  # the flag was given: importing toggleshim is the point
+
+        for name in config.getoption("toggleshim_check_flavour") or ():
+            if name not in NAMES:
+                raise pytest.UsageError(f"--toggleshim-check-flavour {name}: not a Lightning flavour; one of: "
+                                        f"{', '.join(NAMES)}")
         config.pluginmanager.register(_SessionCheck(config), "toggleshim-check")
 
 

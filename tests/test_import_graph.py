@@ -60,3 +60,22 @@ def test_the_package_has_no_import_cycle() -> None:
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_a_flavour_is_named_once_in_the_package() -> None:
+    """Every Lightning flavour's names (import name, distribution, Fabric package, re-exports, module
+    paths) are written in ``toggleshim/_flavours.py`` alone: no other file of the package (the pytest
+    plugin included) holds one as a string, so a third flavour is one line there."""
+    from toggleshim._flavours import FLAVOURS
+
+    names = {n for f in FLAVOURS for n in (f.name, f.distribution, f.fabric, *f.reexports, f.top,
+                                            f.core_module, f.optimizer_module)}
+    found = []
+    for path in [*sorted(PACKAGE.rglob("*.py")), PACKAGE.parent / "toggleshim_pytest.py"]:
+        if path.name == "_flavours.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                hits = {n for n in names if n == node.value or node.value.startswith(n + ".")}
+                found += [f"{path.name}:{node.lineno}: {node.value!r}" for _ in hits]
+    assert found == []

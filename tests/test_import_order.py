@@ -28,6 +28,7 @@ from _fixtures import state, three_heads
 
 import toggleshim
 from toggleshim import _patch
+from toggleshim._flavours import by_name
 
 TESTS = Path(__file__).parent
 WORKTREE = TESTS.parent
@@ -313,7 +314,7 @@ def test_audit_hook_under_warnings_as_errors_keeps_the_warning(unjudged: str, mo
         patch.setattr(_patch, "KNOWN", {})  # its code unverified to toggleshim: the fallback, and a warning
         warnings.simplefilter("error")
         _patch._audit("import", ("json", None, sys.path, sys.meta_path, sys.path_hooks))  # returns
-        loaded = _patch._loaded(unjudged, "")
+        loaded = _patch._loaded(by_name(unjudged))
         assert loaded is not None and _patch._mode(loaded) == "fallback"
         m = three_heads(unjudged)
         before = state(m)

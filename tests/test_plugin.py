@@ -76,3 +76,11 @@ def test_plugin_is_opt_in_and_cheap_without_the_flag(tmp_path: Path) -> None:
 def test_plugin_bad_examples_is_a_usage_error(tmp_path: Path) -> None:
     proc = pytest_in(project(tmp_path), "--toggleshim-check", "--toggleshim-check-examples", "0")
     assert proc.returncode == 4 and "at least 1" in proc.stderr
+
+
+def test_an_unknown_flavour_is_a_usage_error_naming_the_known_ones(tmp_path: Path) -> None:
+    from toggleshim._flavours import NAMES
+
+    proc = pytest_in(project(tmp_path), "--toggleshim-check", "--toggleshim-check-flavour", "lightning")
+    assert proc.returncode == 4, proc.stdout + proc.stderr  # pytest's usage error
+    assert "--toggleshim-check-flavour lightning" in proc.stderr and all(n in proc.stderr for n in NAMES)

@@ -28,12 +28,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from toggleshim._flavours import FLAVOURS as REGISTRY
+from toggleshim._flavours import NAMES
+
 __all__ = ["main", "run_check"]
 
-FLAVOURS = ("lightning.pytorch", "pytorch_lightning")
+FLAVOURS = NAMES
 # Lightning's per-Trainer banners (GPU/TPU available, the litlogger tip, "Trainer.fit stopped") go
 # through these loggers; silenced during the check only.
-_NOISY_LOGGERS = ("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric")
+_NOISY_LOGGERS = tuple(name for f in REGISTRY for name in (f.name, f.fabric))
 
 _DESCRIPTION = """\
 Check that toggling on the installed Lightning behaves as toggleshim expects: Lightning's own
@@ -231,7 +234,7 @@ def _versions() -> dict[str, str]:
     import toggleshim
 
     found = {"toggleshim": toggleshim.__version__, "torch": torch.__version__, "python": platform.python_version()}
-    for dist in ("lightning", "pytorch-lightning"):
+    for dist in (f.distribution for f in REGISTRY):
         with contextlib.suppress(metadata.PackageNotFoundError):
             found[dist] = metadata.version(dist)
     return found

@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from toggleshim._flavours import FLAVOURS
+
 if TYPE_CHECKING:
     import libcst as cst
     from libcst.metadata import MetadataWrapper, PositionProvider
@@ -433,7 +435,7 @@ def _inert(stmt: cst.CSTNode, protected: set[str], bindings: bool = True) -> boo
 # Lightning's own LightningModule, as it is imported: a base outside the run that overrides nothing
 _LIGHTNING_BASES = frozenset(
     f"{package}{sub}.LightningModule"
-    for package in ("lightning", "lightning.pytorch", "pytorch_lightning")
+    for package in (p for f in FLAVOURS for p in (*f.reexports, f.name))
     for sub in ("", ".core", ".core.module", ".core.lightning")
 )
 _BUILTIN_BASES = frozenset({"object", "Generic", "Protocol", "ABC"})

@@ -16,6 +16,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from toggleshim._flavours import FLAVOURS
+
 __all__ = [
     "FALLBACK_MARK",
     "MODE",
@@ -37,7 +39,7 @@ MODE = "_toggleshim_mode"  # on our toggle_optimizer: "shim" (verified code) or 
 FALLBACK_MARK = "_toggleshim_fallback"
 
 #: Where each flavour defines ``LightningModule``: its own methods live there.
-CORE_MODULES = ("lightning.pytorch.core.module", "pytorch_lightning.core.module")
+CORE_MODULES = tuple(f.core_module for f in FLAVOURS)
 
 
 def mark(fn: Callable[..., Any], original: Any, mode: str) -> None:

@@ -39,10 +39,11 @@ from typing import Any
 from toggleshim import _toggle
 from toggleshim._fallback import make_fallback
 from toggleshim._fingerprint import fingerprint_function
+from toggleshim._flavours import FLAVOURS, Flavour
 from toggleshim._known import KNOWN
+from toggleshim._ours import CORE_MODULES, mark, original_of
 from toggleshim._ours import MODE as _MODE
 from toggleshim._ours import ORIGINAL as _SENTINEL  # noqa: F401  (tests read it here)
-from toggleshim._ours import mark, original_of
 from toggleshim._toggle import _STEP_HOOK, Toggle, _keep_dynamo_out, _mark_for_dynamo, _untoggled, _watch_steps
 
 __all__ = ["ToggleshimWarning", "install", "is_installed", "uninstall"]
@@ -57,7 +58,7 @@ class ToggleshimWarning(UserWarning):
 
 @dataclass(frozen=True)
 class _Flavour:
-    name: str  # import name: "lightning.pytorch" or "pytorch_lightning"
+    name: str  # import name (toggleshim/_flavours.py)
     distribution: str
     module_cls: type
     optimizer_cls: type
@@ -70,10 +71,9 @@ class _Flavour:
             return str(getattr(importlib.import_module(self.name), "__version__", "0"))
 
 
-_FLAVOURS = (("lightning.pytorch", "lightning"), ("pytorch_lightning", "pytorch-lightning"))
 
 
-def _loaded(name: str, dist: str) -> _Flavour | None:
+def _loaded(flavour: Flavour) -> _Flavour | None:
     """The flavour ``name`` once its ``core.module`` has run, else None. Never imports anything.
 
     Importing a flavour the user did not import is not harmless: ``lightning.pytorch`` and
@@ -82,19 +82,19 @@ def _loaded(name: str, dist: str) -> _Flavour | None:
     which logger Lightning's ``rank_zero_info`` messages go to and which ``LightningDeprecationWarning``
     class its deprecations raise.
     """
-    module_cls = getattr(sys.modules.get(f"{name}.core.module"), "LightningModule", None)
-    optimizer_cls = getattr(sys.modules.get(f"{name}.core.optimizer"), "LightningOptimizer", None)
+    module_cls = getattr(sys.modules.get(flavour.core_module), "LightningModule", None)
+    optimizer_cls = getattr(sys.modules.get(flavour.optimizer_module), "LightningOptimizer", None)
     if module_cls is None or optimizer_cls is None:
         return None
-    return _Flavour(name, dist, module_cls, optimizer_cls)
+    return _Flavour(flavour.name, flavour.distribution, module_cls, optimizer_cls)
 
 
 def _flavours() -> list[_Flavour]:
     """Every Lightning flavour already imported (the others are patched by the import hook)."""
-    return [f for f in (_loaded(name, dist) for name, dist in _FLAVOURS) if f is not None]
+    return [f for f in (_loaded(k) for k in FLAVOURS) if f is not None]
 
 
-_HOOKED = frozenset(f"{name}.core.module" for name, _ in _FLAVOURS)
+_HOOKED = frozenset(CORE_MODULES)
 _hook_trust_unknown = [False]
 # "<flavour>.core.module" -> that module object, once install() (or a hook) has judged its flavour:
 # the audit hook acts only on a core.module nobody judged yet (imported behind another finder)
@@ -151,9 +151,10 @@ def _report_failure(error: Exception, stacklevel: int) -> None:
     traceback; pytest turns it into a warning). ``install()`` tries again, raising it if it recurs."""
     try:
         text = "".join(traceback.format_exception_only(type(error), error)).strip()
-        names = [n for n, d in _FLAVOURS if (f := _loaded(n, d)) is not None and _mode(f) is None]
-        for name in names:
-            _judged[f"{name}.core.module"] = sys.modules.get(f"{name}.core.module")  # not at every import
+        unpatched = [k for k in FLAVOURS if (f := _loaded(k)) is not None and _mode(f) is None]
+        for k in unpatched:
+            name = k.name
+            _judged[k.core_module] = sys.modules.get(k.core_module)  # not at every import
             message = (
                 f"toggleshim could not patch {name} when it was imported: {text}. `with "
                 "self.toggle_optimizer(...)` will not work there; `toggleshim.install()` tries again (and "
@@ -218,7 +219,6 @@ def _hooks() -> list[Any]:
     return [f for f in sys.meta_path if type(f).__name__ == "_ImportHook" and type(f).__module__ == __name__]
 
 
-_CORE_MODULES = tuple(sorted(_HOOKED))
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
@@ -234,7 +234,7 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
     if event != "import":
         return
     if _armed[0]:
-        for key in _CORE_MODULES:
+        for key in CORE_MODULES:
             module = sys.modules.get(key)
             if module is not None and _judged.get(key) is not module:
                 _backstop()
@@ -245,8 +245,8 @@ def _backstop() -> None:
     if not _backstop_lock.acquire(blocking=False):
         return  # our own imports (importlib.metadata, torch._dynamo) re-enter here; or another thread is at it
     try:
-        if _armed[0] and any(_loaded(n, d) is not None and _judged.get(f"{n}.core.module") is not
-                             sys.modules.get(f"{n}.core.module") for n, d in _FLAVOURS):
+        if _armed[0] and any(_loaded(k) is not None and _judged.get(k.core_module) is not
+                             sys.modules.get(k.core_module) for k in FLAVOURS):
             # from here: this, _audit, the import statement (3); one frame down
             _judge_on_import(_hook_trust_unknown[0], stacklevel=4)
     except Exception as error:  # nothing may leave an audit hook: it would fail the import it runs in
@@ -475,8 +475,7 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> N
     _armed[0] = True
     if not _hooks():
         sys.meta_path.insert(0, _ImportHook())
-    for name, _ in _FLAVOURS:
-        key = f"{name}.core.module"
+    for key in CORE_MODULES:
         _judged[key] = sys.modules.get(key)
     flavours = _flavours()
     if flavours:

@@ -38,6 +38,7 @@ from operator import attrgetter, is_, itemgetter
 from types import MethodType, TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
+from toggleshim._flavours import FLAVOURS
 from toggleshim._ours import CORE_MODULES as _CORE_MODULES
 from toggleshim._ours import check_flags as _check_flags
 from toggleshim._ours import describe as _describe
@@ -192,7 +193,7 @@ gc.callbacks[:] = [cb for cb in gc.callbacks if getattr(cb, "__qualname__", None
 gc.callbacks.append(_drop_caches)
 
 
-_WRAPPER_MODULES = ("lightning.pytorch.core.optimizer", "pytorch_lightning.core.optimizer")
+_WRAPPER_MODULES = tuple(f.optimizer_module for f in FLAVOURS)
 
 
 def _unwrap(optimizer: Any) -> Any:

@@ -21,7 +21,7 @@ class GAN(LightningModule):
         opts = self.optimizers()
         assert isinstance(opts, list)  # Lightning types it as one-or-a-list
         g_opt, d_opt = opts
-        with toggle(self, d_opt) as opt:  # a Toggle[LightningOptimizer]; opt has d_opt's type
+        with toggle(self, d_opt):  # a Toggle[LightningOptimizer]: type checkers accept the block
             self.manual_backward(self.discriminator(batch).mean())
         block: Toggle[LightningOptimizer] = toggle(self, g_opt, zero_grad=False, step=True)
         with block as g:

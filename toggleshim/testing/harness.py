@@ -21,6 +21,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from toggleshim._flavours import NAMES, of_module
 from toggleshim._ours import original_of, route
 from toggleshim._toggle import Toggle, toggle
 from toggleshim.testing import model as _model
@@ -87,7 +88,7 @@ def _flavour_module(flavour: str) -> Any:
 _GRAPH_CLASSES: dict[str, type] = {}
 
 
-def graph_module_class(flavour: str = "lightning.pytorch") -> type:
+def graph_module_class(flavour: str = NAMES[0]) -> type:
     """A LightningModule subclass (of ``flavour``) that holds a drawn graph."""
     if flavour not in _GRAPH_CLASSES:
         base = _flavour_module(flavour).LightningModule
@@ -180,7 +181,7 @@ def user_module_class(flavour: str, overrides: Overrides) -> type:
     return cls
 
 
-def build_graph(spec: GraphSpec, flavour: str = "lightning.pytorch",
+def build_graph(spec: GraphSpec, flavour: str = NAMES[0],
                 overrides: Overrides | None = None) -> tuple[nn.Module, list[torch.Tensor]]:
     """The module for ``spec`` (values from ``spec.seed`` only) and one input per layer."""
     layers = nn.ModuleList(_make_layer(layer) for layer in spec.layers)
@@ -376,7 +377,7 @@ def _wrap(flavour: str, optimizer: torch.optim.Optimizer, strategy: StandInStrat
 WORLDS_BUILT = 0
 
 
-def build_world(spec: WorldSpec, flavour: str = "lightning.pytorch") -> World:
+def build_world(spec: WorldSpec, flavour: str = NAMES[0]) -> World:
     """A world on a stand-in trainer (what most properties use; ``run_in_trainer`` for the real one)."""
     global WORLDS_BUILT
     WORLDS_BUILT += 1
@@ -467,7 +468,7 @@ class ManualDriver:
         self._untoggle = untoggle
 
     @classmethod
-    def for_flavour(cls, flavour: str = "lightning.pytorch") -> ManualDriver:
+    def for_flavour(cls, flavour: str = NAMES[0]) -> ManualDriver:
         """Lightning's own methods, even while the shim is installed."""
         module_cls = _flavour_module(flavour).LightningModule
         fns = [vars(module_cls)[n] for n in ("toggle_optimizer", "untoggle_optimizer")]
@@ -913,7 +914,7 @@ def check_calls(run: Run, driver_name: str = "shim") -> None:
         )
 
 
-def assert_toggle_equivalent(spec: WorldSpec, flavour: str = "lightning.pytorch") -> None:
+def assert_toggle_equivalent(spec: WorldSpec, flavour: str = NAMES[0]) -> None:
     """The shim world equals the model at every point; for flat programs, also Lightning's manual
     sequence, bitwise (requires_grad, gradients, parameters, buffers, optimizer state, exceptions)."""
     assert_program_equivalent(functools.partial(build_world, spec, flavour), spec.program, flavour)
@@ -925,7 +926,7 @@ def assert_toggle_equivalent(spec: WorldSpec, flavour: str = "lightning.pytorch"
 def run_in_trainer(
     spec: WorldSpec,
     driver: Any,
-    flavour: str = "lightning.pytorch",
+    flavour: str = NAMES[0],
     check_model: bool = True,
     batches: int = 1,
     **trainer_kwargs: Any,
@@ -1004,7 +1005,7 @@ def run_in_trainer(
 
 
 def assert_toggle_equivalent_in_trainer(
-    spec: WorldSpec, flavour: str = "lightning.pytorch", batches: int = 1, **trainer_kwargs: Any
+    spec: WorldSpec, flavour: str = NAMES[0], batches: int = 1, **trainer_kwargs: Any
 ) -> Run:
     """:func:`assert_toggle_equivalent` inside two real ``Trainer.fit`` runs (flat programs only);
     returns the shim's run (its snapshots carry ``global_step``)."""
@@ -1026,7 +1027,7 @@ def installed_flavours() -> list[str]:
 
     wanted = [f.strip() for f in os.environ.get("TOGGLESHIM_FLAVOUR", "").split(",") if f.strip()]
     found = []
-    for name in wanted or ["lightning.pytorch", "pytorch_lightning"]:
+    for name in wanted or NAMES:
         try:
             importlib.import_module(name)
         except ImportError:
@@ -1037,7 +1038,7 @@ def installed_flavours() -> list[str]:
     return found
 
 
-def assert_lightning_follows_model(spec: WorldSpec, flavour: str = "lightning.pytorch") -> None:
+def assert_lightning_follows_model(spec: WorldSpec, flavour: str = NAMES[0]) -> None:
     """Lightning's *own* methods, driven by the manual sequence, against the model (flat programs).
 
     The regression guard for Lightning upgrades: the differential check cannot see a change that
@@ -1078,13 +1079,9 @@ def flavour_of(module: Any) -> str:
     """The Lightning flavour (``lightning.pytorch`` or ``pytorch_lightning``) whose ``LightningModule``
     ``module`` is an instance of."""
     for cls in type(module).__mro__:
-        if cls.__name__ == "LightningModule":
-            top = cls.__module__.split(".")[0]
-            if top == "lightning":
-                return "lightning.pytorch"
-            if top == "pytorch_lightning":
-                return "pytorch_lightning"
-    raise TypeError(f"{type(module).__qualname__} is not a LightningModule of lightning.pytorch or pytorch_lightning")
+        if cls.__name__ == "LightningModule" and (flavour := of_module(cls.__module__)) is not None:
+            return flavour.name
+    raise TypeError(f"{type(module).__qualname__} is not a LightningModule of {' or '.join(NAMES)}")
 
 
 def assert_program_equivalent(make_world: Callable[[], World], program: Sequence[object],

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from toggleshim._flavours import NAMES
+
 __all__ = ["LIGHTNING", "SHIM", "apply"]
 
 
@@ -255,7 +257,7 @@ def _apply_lightning(name: str) -> None:
     import toggleshim
 
     toggleshim.uninstall()
-    for flavour in ("lightning.pytorch", "pytorch_lightning"):
+    for flavour in NAMES:
         try:
             cls = importlib.import_module(flavour).LightningModule
         except ImportError:
