@@ -255,3 +255,25 @@ def test_check_on_a_new_release(flavour: str) -> None:
     assert changed.returncode == 1, changed.stdout + changed.stderr
     assert "NOT verified" in changed.stdout and "MISMATCH" in changed.stdout and "trainable" in changed.stdout
     assert "Reproduce with:" in changed.stdout
+
+
+def test_check_says_why_the_gate_left_a_flavour_alone(flavour: str, monkeypatch: Any) -> None:
+    """Someone else's replacement of ``toggle_optimizer``: the gate's verdict (not a warning caught on
+    the way) names it, the flavour fails the check and nothing else runs on it."""
+    import importlib
+    import io
+
+    cls = importlib.import_module(flavour).LightningModule
+
+    def theirs(self: Any, optimizer: Any) -> None:
+        return None
+
+    monkeypatch.setattr(cls, "toggle_optimizer", theirs)
+    out = io.StringIO()
+    status, report = run_check(2, 0, [flavour], ["block-equals-manual"], out)
+    assert status == 1
+    [result] = report["properties"]
+    assert result["prop"] == "install" and result["verdict"] == "FAIL"
+    assert "not patched: toggle_optimizer was already replaced by someone else" in result["message"]
+    assert result["message"] in out.getvalue()
+    assert vars(cls)["toggle_optimizer"] is theirs  # left as found

@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import Any, NamedTuple
 
 from toggleshim import _toggle
 from toggleshim._fallback import make_fallback
@@ -95,7 +95,6 @@ def _flavours() -> list[_Flavour]:
 
 
 _HOOKED = frozenset(CORE_MODULES)
-_hook_trust_unknown = [False]
 # "<flavour>.core.module" -> that module object, once install() (or a hook) has judged its flavour:
 # the audit hook acts only on a core.module nobody judged yet (imported behind another finder)
 _judged: dict[str, Any] = {}
@@ -180,10 +179,12 @@ def _unraisable(error: BaseException, message: str) -> None:
 
 
 class _PatchingLoader(importlib.abc.Loader):
-    """Runs the real loader, then ``install()``: the flavour is patched the moment it exists."""
+    """Runs the real loader, then ``install()``: the flavour is patched the moment it exists.
+    ``trust_unknown``: the hook's (``toggleshim check`` installs the shim on unverified code too)."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, trust_unknown: bool = False) -> None:
         self._loader = loader
+        self._trust_unknown = trust_unknown
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
@@ -194,11 +195,15 @@ class _PatchingLoader(importlib.abc.Loader):
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
         # from here: this, the import statement (2; warnings skips importlib's frames); one frame down
-        _judge_on_import(_hook_trust_unknown[0], stacklevel=3)
+        _judge_on_import(self._trust_unknown, stacklevel=3)
 
 
 class _ImportHook:
-    """``sys.meta_path`` entry that wraps the loader of ``<flavour>.core.module``."""
+    """``sys.meta_path`` entry that wraps the loader of ``<flavour>.core.module``. It carries the trust
+    its loaders install with (``trust_unknown``: only while ``toggleshim check`` runs)."""
+
+    def __init__(self, trust_unknown: bool = False) -> None:
+        self.trust_unknown = trust_unknown
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname not in _HOOKED:
@@ -209,7 +214,7 @@ class _ImportHook:
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
+                    spec.loader = _PatchingLoader(spec.loader, self.trust_unknown)
                 return spec
         return None
 
@@ -217,6 +222,11 @@ class _ImportHook:
 def _hooks() -> list[Any]:
     # by name, so that a hook left by a module object replaced by importlib.reload is recognised
     return [f for f in sys.meta_path if type(f).__name__ == "_ImportHook" and type(f).__module__ == __name__]
+
+
+def _hook_trust() -> bool:
+    """The trust of toggleshim's import hook (the audit backstop installs as the hook would)."""
+    return any(getattr(hook, "trust_unknown", False) for hook in _hooks())
 
 
 
@@ -248,7 +258,7 @@ def _backstop() -> None:
         if _armed[0] and any(_loaded(k) is not None and _judged.get(k.core_module) is not
                              sys.modules.get(k.core_module) for k in FLAVOURS):
             # from here: this, _audit, the import statement (3); one frame down
-            _judge_on_import(_hook_trust_unknown[0], stacklevel=4)
+            _judge_on_import(_hook_trust(), stacklevel=4)
     except Exception as error:  # nothing may leave an audit hook: it would fail the import it runs in
         _report_failure(error, stacklevel=4)
     finally:
@@ -316,30 +326,40 @@ def _fingerprints(flavour: _Flavour) -> tuple[str | None, str | None]:
     return toggle, untoggle
 
 
-def _classify(flavour: _Flavour) -> tuple[str, str]:
-    """("shim" | "fallback" | "refuse", why): what ``install()`` does with ``flavour``."""
+class Verdict(NamedTuple):
+    """The gate's verdict on a flavour: what ``install()`` does with it and why. ``install()`` acts on
+    it, ``toggleshim check`` reports it; nothing else decides."""
+
+    mode: str  # "shim" (verified code), "fallback" (Lightning's own, unverified), "refuse" (not ours to patch)
+    reason: str
+
+
+def _classify(flavour: _Flavour) -> Verdict:
+    """What ``install()`` does with ``flavour``, and why (fingerprint, known releases, classification)."""
     cls_dict = vars(flavour.module_cls)
     for name in _PATCHED:
         fn = cls_dict.get(name)
         if fn is None:
-            return "refuse", f"{flavour.name}.LightningModule has no {name}"
+            return Verdict("refuse", f"{flavour.name}.LightningModule has no {name}")
         reason = _foreign_reason(flavour, name, fn)
         if reason:
-            return "refuse", reason
+            return Verdict("refuse", reason)
     toggle, untoggle = _fingerprints(flavour)
     if toggle is None or untoggle is None:
-        return "fallback", "the source of its toggle code is unavailable (a .pyc-only install?): it cannot be verified"
+        return Verdict(
+            "fallback", "the source of its toggle code is unavailable (a .pyc-only install?): it cannot be verified"
+        )
     seen = KNOWN.get((toggle, untoggle))
     if seen is not None:
-        return "shim", f"toggle code verified: identical to the verified releases of {_ranges(seen)}"
+        return Verdict("shim", f"toggle code verified: identical to the verified releases of {_ranges(seen)}")
     differs = [
         name for i, (name, fp) in enumerate(zip(_PATCHED, (toggle, untoggle))) if all(fp != pair[i] for pair in KNOWN)
     ]
     what = " and ".join(differs) or "pairing of toggle_optimizer and untoggle_optimizer"
-    return "fallback", (
+    return Verdict("fallback", (
         f"its {what} code differs from every release toggleshim verified "
         f"(fingerprints {toggle[:12]}, {untoggle[:12]}; toggleshim/_known.py lists the verified ones)"
-    )
+    ))
 
 
 def _marked_like(original: Any, replacement: Callable[..., Any]) -> Callable[..., Any]:
@@ -465,16 +485,20 @@ def _install_at_import() -> None:
     _install(False, defer=True, stacklevel=3)  # toggleshim/__init__.py, as install() there points
 
 
-def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> None:
-    """``install()``; ``trust_unknown`` installs the shim on unverified code too (``toggleshim check``).
+def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> dict[str, Verdict]:
+    """``install()``; ``trust_unknown`` installs the shim on unverified code too (``toggleshim check``),
+    and so does the import hook it leaves. Returns the verdict on each flavour it judged (not those
+    already patched).
 
     ``defer`` (at an import): a warning the filters raise as an error is kept in ``_pending`` and, on
     a fallback, raised by its first call, instead of raised here. ``stacklevel``: the frame warnings
     point at, counting this function as 1."""
-    _hook_trust_unknown[0] = trust_unknown
     _armed[0] = True
-    if not _hooks():
-        sys.meta_path.insert(0, _ImportHook())
+    hooks = _hooks()
+    if not hooks or any(getattr(hook, "trust_unknown", False) != trust_unknown for hook in hooks):
+        for hook in hooks:
+            sys.meta_path.remove(hook)
+        sys.meta_path.insert(0, _ImportHook(trust_unknown))
     for key in CORE_MODULES:
         _judged[key] = sys.modules.get(key)
     flavours = _flavours()
@@ -482,6 +506,7 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> N
         _mark_for_dynamo()  # toggleshim's code, for torch.compile: Lightning has loaded torch by now
         if not _STEP_HOOK:
             _watch_steps()  # torch's step hook, so that a block never spends its first entry on it
+    verdicts: dict[str, Verdict] = {}
     for flavour in flavours:
         kept = flavour.name if defer else None
         cls_dict = vars(flavour.module_cls)
@@ -491,7 +516,7 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> N
         # that patch was undone since) counts as the original it points at: judged and replaced as such.
         found = _unpatched(flavour)
         originals = vars(found.module_cls)
-        mode, reason = _classify(found)
+        mode, reason = verdicts[flavour.name] = Verdict(*_classify(found))
         if mode == "refuse":
             _warn(
                 f"toggleshim left {_label(flavour)} untouched: {reason}. `with self.toggle_optimizer(...)` "
@@ -517,6 +542,7 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> N
             continue
         for name, make in (("toggle_optimizer", _make_toggle), ("untoggle_optimizer", _make_untoggle)):
             setattr(flavour.module_cls, name, make(originals[name]))
+    return verdicts
 
 
 def uninstall() -> None:
@@ -567,26 +593,25 @@ def _ranges(releases: list[str]) -> str:
 
 def _status(flavour: _Flavour) -> tuple[str, str]:
     """(mode now or "untouched", why): the gate's verdict on a flavour, for ``toggleshim check``."""
-    return _mode(flavour) or "untouched", _classify(_unpatched(flavour))[1]
+    return _mode(flavour) or "untouched", _classify(_unpatched(flavour)).reason
 
 
 @contextlib.contextmanager
-def _trusting() -> Iterator[None]:
+def _trusting() -> Iterator[dict[str, Verdict]]:
     """The shim on every flavour whose methods are Lightning's own, verified or not (what
-    ``toggleshim check`` tests); afterwards the exact objects found before, and the import hook as found."""
+    ``toggleshim check`` tests), yielding the gate's verdict on each (a "refuse" one is left as it
+    was); afterwards the exact objects found before, and the import hook as found."""
     flavours = _flavours()
     saved = {(f.module_cls, name): vars(f.module_cls).get(name) for f in flavours for name in _PATCHED}
     hooked, armed, pending = bool(_hooks()), _armed[0], dict(_pending)
     uninstall()
-    _install(True)
     try:
-        yield
+        yield _install(True)
     finally:
         uninstall()
         for (cls, name), fn in saved.items():
             if fn is not None:
                 setattr(cls, name, fn)
-        _hook_trust_unknown[0] = False
         _armed[0] = armed
         _pending.update(pending)
         if hooked:
