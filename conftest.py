@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from _fixtures import marked_flavours
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 
 from toggleshim.testing import installed_flavours
@@ -40,11 +41,18 @@ if not FLAVOURS:
     raise RuntimeError("no Lightning flavour is installed: pip install lightning")
 
 
+# The ci, deep and mutants profiles run every test on every flavour; the default run (dev) runs the
+# tests marked `one_flavour_by_default` (each fresh processes per flavour, where the flavours differ
+# only by name) on the first installed flavour alone, to stay within five minutes.
+MARKED_FLAVOURS = marked_flavours()
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A ``flavour`` argument runs the test once per installed Lightning flavour (a plain parameter,
     not a fixture, so Hypothesis tests may take it)."""
     if "flavour" in metafunc.fixturenames:
-        metafunc.parametrize("flavour", FLAVOURS)
+        one = metafunc.definition.get_closest_marker("one_flavour_by_default") is not None
+        metafunc.parametrize("flavour", MARKED_FLAVOURS if one else FLAVOURS)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -1,4 +1,4 @@
-"""A small GAN on a 2-D mixture of Gaussians, trained with toggleshim's block (CPU, under a minute).
+"""A small GAN on a 2-D mixture of Gaussians, trained with toggleshim's block (CPU; its time: the README).
 
     python examples/gan.py                          # writes gan.png when matplotlib is installed
     python examples/gan.py --steps 300 --out /tmp/gan.png

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import importlib
+import os
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import nn
+
+
+def marked_flavours() -> list[str]:
+    """The flavours a test marked ``one_flavour_by_default`` runs on: every installed one under the
+    ci, deep and mutants profiles, the first alone in the default run (conftest.py)."""
+    from toggleshim.testing import installed_flavours
+
+    flavours = installed_flavours()
+    return flavours if os.environ.get("HYPOTHESIS_PROFILE", "dev") != "dev" else flavours[:1]
 
 
 def pl(flavour: str) -> Any:

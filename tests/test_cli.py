@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from toggleshim.__main__ import FLAVOURS, PROPERTIES, run_check
 
 TESTS = Path(__file__).parent
@@ -40,10 +42,11 @@ def run_many(commands: list[list[str]]) -> list[subprocess.CompletedProcess[str]
     return done
 
 
-def run_on_pty(args: list[str], timeout: float = 300) -> tuple[int, str]:
+def run_on_pty(args: list[str], timeout: float = 300, cwd: Path | None = None,
+               env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run ``args`` with stdin/stdout/stderr on a pseudo-terminal; (exit status, everything it wrote)."""
     master, slave = os.openpty()
-    proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=ENV, close_fds=True)
+    proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=env or ENV, close_fds=True, cwd=cwd)
     os.close(slave)
     chunks: list[bytes] = []
     deadline = time.monotonic() + timeout
@@ -102,6 +105,7 @@ def test_a_run_that_checked_nothing_fails() -> None:
 # piped, in a fresh process, per flavour
 
 
+@pytest.mark.one_flavour_by_default
 def test_flavour_in_a_fresh_process_piped_with_json(flavour: str) -> None:
     proc = run([*CHECK, "--flavour", flavour, *QUICK, "--json", "-"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -126,9 +130,15 @@ def test_flavour_in_a_fresh_process_piped_with_json(flavour: str) -> None:
     assert "install" not in {p["prop"] for p in props}
 
 
-def test_check_on_a_terminal_ends_its_progress_at_its_total() -> None:
-    rc, out = run_on_pty([*CHECK, "--examples", "5"])  # every installed flavour
+def test_check_on_a_terminal_ends_its_progress_at_its_total(tmp_path: Path) -> None:
+    """Also: run in the user's project, it leaves nothing there (Hypothesis's files go to the cache)."""
+    cache, work = tmp_path / "cache", tmp_path / "project"
+    work.mkdir()
+    env = {k: v for k, v in ENV.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    rc, out = run_on_pty([*CHECK, "--examples", "5"], cwd=work, env={**env, "XDG_CACHE_HOME": str(cache)})
     assert rc == 0, out
+    assert list(work.iterdir()) == []
+    assert (cache / "toggleshim" / "hypothesis").is_dir()
     counts = [(int(a), int(b)) for a, b in re.findall(r"\] (\d+)/(\d+) ", out)]
     assert counts and all(done <= total for done, total in counts), counts
     done, total = counts[-1]
@@ -169,18 +179,6 @@ def test_a_closed_pipe_ends_the_check_quietly() -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 141, err
     assert first.startswith(b"toggleshim check:") and err == "", err
-
-
-def test_check_leaves_nothing_in_the_working_directory(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    env = {k: v for k, v in ENV.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
-    work = tmp_path / "project"
-    work.mkdir()
-    proc = subprocess.run([*CHECK, *QUICK], capture_output=True, text=True, cwd=work, timeout=300,
-                          env={**env, "XDG_CACHE_HOME": str(cache)})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert list(work.iterdir()) == []
-    assert (cache / "toggleshim" / "hypothesis").is_dir()  # Hypothesis's files went to the cache
 
 
 def test_every_usage_line_names_the_program_as_it_was_called() -> None:
@@ -243,6 +241,7 @@ with relabelled("2.7.0"):
 """
 
 
+@pytest.mark.one_flavour_by_default
 def test_check_on_a_new_release(flavour: str) -> None:
     same, changed = run_many(
         [[sys.executable, "-c", _RELEASE.format(flavour=flavour, changed=c)] for c in (False, True)]

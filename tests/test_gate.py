@@ -380,6 +380,7 @@ print("nested ok")
 """
 
 
+@pytest.mark.one_flavour_by_default
 @pytest.mark.parametrize("changed", [False, True])
 def test_fresh_process_after_a_lightning_upgrade(flavour: str, changed: bool) -> None:
     code = textwrap.dedent(_USER_CODE).format(flavour=flavour, changed=changed)

@@ -121,8 +121,9 @@ print("loaded by", type(loader).__name__)
 # point 4: an import hook in front of toggleshim's
 
 
-@pytest.mark.parametrize("name", ["lightning.pytorch", "pytorch_lightning"])
-def test_lightning_behind_a_delegating_finder_is_patched_and_trains(name: str) -> None:
+@pytest.mark.one_flavour_by_default
+def test_lightning_behind_a_delegating_finder_is_patched_and_trains(flavour: str) -> None:
+    name = flavour
     code = textwrap.dedent("""
         import importlib.machinery, sys, warnings
         import toggleshim

@@ -228,6 +228,7 @@ def test_judge_verdicts() -> None:
     assert any("ran at baseline but not with the shim" in f for f in failures)
 
 
+@pytest.mark.one_flavour_by_default
 def test_runner_end_to_end_on_a_miniature_lightning(tmp_path: Path, flavour: str) -> None:
     """Stage from git, run baseline and shim, port the GPU-gated test to CPU, and judge (~30 s)."""
     name = "lightning" if flavour == "lightning.pytorch" else "pytorch_lightning"

@@ -216,6 +216,7 @@ def _mypy_in(env: Path | None, user: Path) -> str:
         [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--python-executable", str(python),
          "--config-file", os.devnull, str(user)],
         cwd=user.parent, capture_output=True, text=True, timeout=300, check=False,
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MYPYPATH")},  # the venv's own paths only
     )
     return proc.stdout + proc.stderr
 
@@ -227,13 +228,13 @@ def test_type_checkers_find_the_package_after_an_editable_or_a_wheel_install(
     user.parent.mkdir()
     user.write_text(_USER_FILE)
     envs = {}
-    for kind in ("bare", "editable", "wheel"):
+    for kind in ("bare", "editable", "wheel"):  # without pip of their own: this pip installs into them
         envs[kind] = tmp_path / kind
-        _run([sys.executable, "-m", "venv", str(envs[kind])], cwd=tmp_path)
-    pip = ["-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check"]
+        _run([sys.executable, "-m", "venv", "--without-pip", str(envs[kind])], cwd=tmp_path)
     src = dists["sdist"].parent.parent / "toggleshim-src"  # the copy the build started from
-    _run([str(envs["editable"] / "bin" / "python"), *pip, "-e", str(src)], cwd=tmp_path)
-    _run([str(envs["wheel"] / "bin" / "python"), *pip, str(dists["wheel"])], cwd=tmp_path)
+    for kind, what in (("editable", ["-e", str(src)]), ("wheel", [str(dists["wheel"])])):
+        python = str(envs[kind] / "bin" / "python")
+        _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", *what], cwd=tmp_path)
     # the control: where toggleshim is not installed, mypy says so (this check can fail)
     assert 'module named "toggleshim"' in _mypy_in(envs["bare"], user)
     for kind in ("editable", "wheel"):

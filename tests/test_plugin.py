@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from toggleshim.testing import installed_flavours
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TOGGLESHIM_", "HYPOTHESIS_"))}
 USER_TEST = "def test_users_own_code():\n    assert 1 + 1 == 2\n"
@@ -32,14 +32,6 @@ def pytest_in(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_plugin_passes_on_the_installed_lightning(tmp_path: Path) -> None:
-    proc = pytest_in(project(tmp_path), "--toggleshim-check", "--toggleshim-check-examples", "3")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    summary = proc.stdout.split("toggleshim check", 1)[1]
-    assert "1 passed" in proc.stdout and "OK:" in summary and "toggle code verified" in summary
-    assert "GPU available" not in proc.stdout + proc.stderr
-
-
 def test_plugin_fails_the_session_on_a_mismatch_with_the_counterexample(tmp_path: Path) -> None:
     proc = pytest_in(project(tmp_path, WRONG_TOGGLE), "--toggleshim-check", "--toggleshim-check-examples", "5",
                      "--toggleshim-check-flavour", "lightning.pytorch")
@@ -51,12 +43,15 @@ def test_plugin_fails_the_session_on_a_mismatch_with_the_counterexample(tmp_path
     assert "NOT verified" in summary  # the gate had given that Lightning the fallback
 
 
-def test_plugin_runs_once_under_xdist(tmp_path: Path) -> None:
-    pytest.importorskip("xdist")
-    proc = pytest_in(project(tmp_path), "-n", "2", "--toggleshim-check", "--toggleshim-check-examples", "2",
-                     "--toggleshim-check-flavour", "pytorch_lightning")
+def test_plugin_passes_on_the_installed_lightning_once_under_xdist(tmp_path: Path) -> None:
+    """Every installed flavour, checked once in the controller (the workers run the user's tests)."""
+    proc = pytest_in(project(tmp_path), "-n", "2", "--toggleshim-check", "--toggleshim-check-examples", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("toggleshim check: toggleshim") == 1
+    summary = proc.stdout.split("toggleshim check", 1)[1]
+    assert "1 passed" in proc.stdout and "OK:" in summary and "toggle code verified" in summary
+    assert all(f"  {name}" in summary for name in installed_flavours())
+    assert "GPU available" not in proc.stdout + proc.stderr
 
 
 def test_plugin_is_opt_in_and_cheap_without_the_flag(tmp_path: Path) -> None:

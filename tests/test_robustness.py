@@ -320,6 +320,7 @@ GC_HOOK_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.one_flavour_by_default
 def test_ctrl_c_in_the_gc_hook_is_delivered_again(flavour: str) -> None:
     """A Ctrl-C landing inside the ``gc.callbacks`` hook's body is not lost to gc's "Exception ignored":
     it comes out in the main thread once the collection is over (a fresh process: nothing else's

@@ -24,10 +24,9 @@ import _ddp_script as ddp
 import _training_models as M
 import pytest
 import torch
+from _fixtures import marked_flavours
 from _training_models import one_thread  # noqa: F401  (an autouse fixture)
 from filelock import FileLock
-
-from toggleshim.testing import installed_flavours
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCHES, BATCH = 8, 32  # one epoch: 8 training steps, 16 optimizer steps
@@ -231,7 +230,7 @@ def ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
         if not (out / "done").exists():
             env = {k: v for k, v in os.environ.items() if k not in _DDP_ENV}
             proc = subprocess.run(
-                [sys.executable, str(Path(ddp.__file__)), str(out), *installed_flavours()],
+                [sys.executable, str(Path(ddp.__file__)), str(out), *marked_flavours()],
                 capture_output=True, text=True, timeout=600, env=env, cwd=ROOT,
             )
             assert proc.returncode == 0, f"DDP script failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
@@ -249,6 +248,7 @@ def _ranks(load: Any, flavour: str, fit: str) -> tuple[Any, Any]:
     return r0, r1
 
 
+@pytest.mark.one_flavour_by_default
 def test_ddp_gan_block_equals_lightning_sequence_on_every_rank(flavour: str, ddp_runs: Any) -> None:
     b0, b1 = _ranks(ddp_runs, flavour, "gan_block")
     m0, m1 = _ranks(ddp_runs, flavour, "gan_manual")
@@ -264,6 +264,7 @@ def test_ddp_gan_block_equals_lightning_sequence_on_every_rank(flavour: str, ddp
         assert torch.equal(r0["grad"], r1["grad"])
 
 
+@pytest.mark.one_flavour_by_default
 def test_ddp_without_find_unused_parameters_fails(flavour: str, ddp_runs: Any) -> None:
     # Why the advice is DDPStrategy(find_unused_parameters=True): while one optimizer is toggled, the
     # other's parameters are frozen and get no gradient, which plain DDP's reducer refuses.
@@ -273,6 +274,7 @@ def test_ddp_without_find_unused_parameters_fails(flavour: str, ddp_runs: Any) -
         assert run["global_step"] == 1  # the discriminator stepped; the generator's backward failed
 
 
+@pytest.mark.one_flavour_by_default
 def test_ddp_accumulation_block_equals_toggle_model_recipe(flavour: str, ddp_runs: Any) -> None:
     b0, b1 = _ranks(ddp_runs, flavour, "acc_block")
     m0, m1 = _ranks(ddp_runs, flavour, "acc_manual")
@@ -284,6 +286,7 @@ def test_ddp_accumulation_block_equals_toggle_model_recipe(flavour: str, ddp_run
     assert b0["metrics"] == m0["metrics"]
 
 
+@pytest.mark.one_flavour_by_default
 def test_ddp_accumulation_all_reduces_only_on_last_micro_batch(flavour: str, ddp_runs: Any) -> None:
     b0, b1 = _ranks(ddp_runs, flavour, "acc_block")
     m0, _ = _ranks(ddp_runs, flavour, "acc_manual")
@@ -298,6 +301,7 @@ def test_ddp_accumulation_all_reduces_only_on_last_micro_batch(flavour: str, ddp
         assert torch.equal(ref["grad"], r0["grad"])
 
 
+@pytest.mark.one_flavour_by_default
 def test_ddp_sync_restored_after_exception_in_sync_grad_false_block(flavour: str, ddp_runs: Any) -> None:
     e0, e1 = _ranks(ddp_runs, flavour, "explode")
     for run in (e0, e1):
