@@ -55,6 +55,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("flavour", MARKED_FLAVOURS if one else FLAVOURS)
 
 
+# The test files whose tests start fresh processes (Python, torch and Lightning: ~6 s each) or DDP
+# ranks run first, so that the xdist workers end on short tests instead of one waiting on the other.
+_SLOW_FIRST = frozenset({
+    "test_lightning_suite.py", "test_spawn_amp.py", "test_migrate_overrides.py", "test_training.py",
+    "test_packaging.py", "test_plugin.py", "test_cli.py", "test_import_order.py", "test_gate.py",
+})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name not in _SLOW_FIRST)  # stable: the order within stays
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """With ``TOGGLESHIM_WORLDS_FILE``, append how many worlds this process built (benchmarks)."""
     path = os.environ.get("TOGGLESHIM_WORLDS_FILE")

@@ -20,6 +20,15 @@ def marked_flavours() -> list[str]:
     return flavours if os.environ.get("HYPOTHESIS_PROFILE", "dev") != "dev" else flavours[:1]
 
 
+def half_of(cases: list[Any], half: int) -> list[Any]:
+    """Every case under the ci, deep and mutants profiles; in the default run, half of them: ``half``
+    0 and 1 take complementary halves (a Latin square over a 2 x 2 list), so that two tests sharing
+    the cases run each case once between them (conftest.py, "five minutes")."""
+    if os.environ.get("HYPOTHESIS_PROFILE", "dev") != "dev":
+        return cases
+    return [c for i, c in enumerate(cases) if (i + i // 2 + half) % 2 == 0]
+
+
 def pl(flavour: str) -> Any:
     return importlib.import_module(flavour)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fixtures import state, three_heads
+from _fixtures import half_of, state, three_heads
 
 import toggleshim
 from toggleshim import _patch
@@ -414,7 +414,9 @@ def _user_code(order: str, code: str, flavour: str) -> tuple[str, str]:
     return imports, check
 
 
-@pytest.mark.parametrize(("order", "code"), _CASES)
+# each case is a fresh process or two: in the default run, the two tests below share the four cases
+# (each case once, by one mechanism); under ci every case runs by both
+@pytest.mark.parametrize(("order", "code"), half_of(_CASES, 0))
 def test_warnings_as_errors_python_w_error(tmp_path: Path, order: str, code: str) -> None:
     flavour = "lightning.pytorch"
     imports, check = _user_code(order, code, flavour)
@@ -426,7 +428,7 @@ def test_warnings_as_errors_python_w_error(tmp_path: Path, order: str, code: str
     assert "ToggleshimWarning" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize(("order", "code"), _CASES)
+@pytest.mark.parametrize(("order", "code"), half_of(_CASES, 1))
 def test_warnings_as_errors_pytest_filterwarnings(tmp_path: Path, order: str, code: str) -> None:
     flavour = "pytorch_lightning"
     imports, check = _user_code(order, code, flavour)
