@@ -276,3 +276,21 @@ def test_check_says_why_the_gate_left_a_flavour_alone(flavour: str, monkeypatch:
     assert "not patched: toggle_optimizer was already replaced by someone else" in result["message"]
     assert result["message"] in out.getvalue()
     assert vars(cls)["toggle_optimizer"] is theirs  # left as found
+
+
+def test_help_usage_errors_and_migrate_import_no_torch(tmp_path: Path) -> None:
+    """What keeps the CLI's answers under half a second (benchmarks/startup.py times them): neither
+    torch nor Lightning is imported for help, a usage error or `migrate`."""
+    source = tmp_path / "train.py"
+    source.write_text(
+        "def training_step(self, opt):\n    self.toggle_optimizer(opt)\n    self.untoggle_optimizer(opt)\n"
+    )
+    module = [sys.executable, "-X", "importtime", "-m", "toggleshim"]
+    procs = run_many([[*module, "--help"], [*module, "check", "--help"], [*module, "check", "--examples", "0"],
+                      [*module, "migrate", "--help"], [*module, "migrate", str(source)]])
+    for proc in procs:
+        lines = proc.stderr.splitlines()
+        imported = {line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")}
+        assert "toggleshim" in imported, proc.args  # the check looked at something
+        assert not {"torch", "lightning", "pytorch_lightning"} & imported, (proc.args, sorted(imported)[:20])
+    assert "+    with self.toggle_optimizer(opt, zero_grad=False, step=False):" in procs[-1].stdout  # migrate ran
