@@ -5,23 +5,28 @@ fail (``scripts/mutation_score.py``), and the unaltered code must pass.
 
 * ``LIGHTNING``: replacements for Lightning's ``toggle_optimizer`` / ``untoggle_optimizer`` that look
   exactly like a new release's methods (same name, module and signature), so the shim accepts them.
-* ``SHIM``: source edits of ``toggleshim/_toggle.py``, compiled into a module that takes the place of
-  the real one (every exit path, every flag, nesting, failing zero_grad/step, the fast path).
+* ``SHIM``: bugs planted in functions of ``toggleshim/_toggle.py`` (:class:`Edit`, matched on the
+  syntax tree), compiled into a module that takes the place of the real one (every exit path, every
+  flag, nesting, failing zero_grad/step, the fast path).
 """
 
 from __future__ import annotations
 
+import ast
+import copy
 import importlib
 import sys
+import textwrap
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from toggleshim._flavours import NAMES
 
-__all__ = ["LIGHTNING", "SHIM", "apply"]
+__all__ = ["LIGHTNING", "SHIM", "Edit", "apply", "mutated_source_tree"]
 
 
 def _params(opt: Any) -> list[Any]:
@@ -87,170 +92,243 @@ LIGHTNING: dict[str, dict[str, Callable[[Any, Any], None]]] = {
 }
 
 
-# -- shim bugs (source edits of _toggle.py) ---------------------------------------------------
+# -- shim bugs (edits of functions of _toggle.py) ------------------------------------------------
 
-# Each is (text of _toggle.py, replacement). A bug that skips an untoggle also drops the block's
-# exit guard (``self._guard = None``): the guard alone would close the block a moment later (when the
-# ``with`` statement lets go of ``__exit__``), so the bug would not be the one named.
-_EXIT = (
-    "        try:\n"
-    "            if exc_type is None and self._step:\n"
-    "                if self._stepped:\n"
-    "                    raise _double_step(optimizer)\n"
-    "                optimizer.step()  # type: ignore[attr-defined]\n"
-    "        except BaseException:\n"
-    "            _quietly(self._leave, retry=False)  # step's error propagates, not one of the untoggle's\n"
-    "            raise\n"
-    "        # Already closed when an enclosing block that ended first unwound it (a generator holding a\n"
-    "        # block): its untoggle is done, _close does nothing more.\n"
-    "        if exc_type is None:\n"
-    "            self._leave()\n"
-    "        else:\n"
-    "            _quietly(self._leave, retry=False)  # the body's exception propagates unchanged\n"
-)
-_BODY_ERROR_EXIT = "            _quietly(self._leave, retry=False)  # the body's exception propagates unchanged\n"
-_STEP_ERROR_EXIT = (
-    "            _quietly(self._leave, retry=False)  # step's error propagates, not one of the untoggle's\n"
-)
-_ZERO_GRAD = (
-    "            if self._zero_grad:\n"
-    "                self._optimizer.zero_grad()  # type: ignore[union-attr]\n"
-)
-_FLAT_CHECK = (
-    "            and type(record) is dict  # not .__class__, which a subclass can fake\n"
-    "            and len(record) == len(managed)\n"
-    "            and all(map(is_, record, managed))\n"
-    "            and all(map(is_, record.values(), vals))  # not ==: 1 == True, which Lightning's write refuses\n"
-)
 
-SHIM: dict[str, tuple[str, str]] = {
-    "step on exception": (
-        "            if exc_type is None and self._step:",
-        "            if self._step:",
+@dataclass(frozen=True)
+class Edit:
+    """A bug planted in one function of ``toggleshim/_toggle.py``: in ``function`` (a qualified name),
+    the statements (or the expression) ``old`` become ``new``.
+
+    Matched on the syntax tree, not the text: comments, formatting, and every other function of the
+    module may change without touching the mutant; it stops applying (a clear error) only when the
+    code it plants its bug in changes. ``old`` must occur exactly once in the function.
+    """
+
+    function: str
+    old: str
+    new: str
+
+
+# A bug that skips an untoggle also drops the block's exit guard (``self._guard = None``): the guard
+# alone would close the block a moment later (when the ``with`` statement lets go of ``__exit__``), so
+# the bug would not be the one named.
+_LEAVE_ON_ERROR = """
+if exc_type is None:
+    self._leave()
+else:
+    _quietly(self._leave, retry=False)
+"""
+_STEP = """
+try:
+    if exc_type is None and self._step:
+        if self._stepped:
+            raise _double_step(optimizer)
+        optimizer.step()
+except BaseException:
+    _quietly(self._leave, retry=False)
+    raise
+"""
+_FLAT_CHECK = """(
+    len(now) == len(layout)
+    and all(map(is_, now, layout))
+    and type(record) is dict
+    and len(record) == len(managed)
+    and all(map(is_, record, managed))
+    and all(map(is_, record.values(), vals))
+)"""
+_ENTER_ERROR = """
+except BaseException:
+    _quietly(self._leave, retry=False)
+    raise
+"""
+_SYNC_EXIT = "self._sync_exit.pop()(None, None, None)"
+
+SHIM: dict[str, Edit] = {
+    "step on exception": Edit("Toggle._exit", "exc_type is None and self._step", "self._step"),
+    "step ignores the step flag": Edit("Toggle._exit", "exc_type is None and self._step", "exc_type is None"),
+    "no zero_grad on entry": Edit(
+        "Toggle.__enter__", "if self._zero_grad:\n    self._optimizer.zero_grad()",
+        "if False:\n    self._optimizer.zero_grad()",
     ),
-    "step ignores the step flag": (
-        "            if exc_type is None and self._step:",
-        "            if exc_type is None:",
+    "zero_grad ignores the flag": Edit(
+        "Toggle.__enter__", "if self._zero_grad:\n    self._optimizer.zero_grad()",
+        "if True:\n    self._optimizer.zero_grad()",
     ),
-    "no zero_grad on entry": (_ZERO_GRAD, _ZERO_GRAD.replace("if self._zero_grad:", "if False:")),
-    "zero_grad ignores the flag": (_ZERO_GRAD, _ZERO_GRAD.replace("if self._zero_grad:", "if True:")),
-    "exceptions swallowed": (
-        "        return False  # never swallow\n",
-        "        return exc_type is not None  # type: ignore[return-value]\n",
+    "exceptions swallowed": Edit(
+        "Toggle._exit", "self._optimizer = None\nreturn False", "self._optimizer = None\nreturn exc_type is not None"
     ),
-    "no untoggle on exception": (_EXIT, _EXIT.replace(_BODY_ERROR_EXIT, "            self._guard = None\n")),
-    "no untoggle when zero_grad fails": (
-        "        except BaseException:\n            _quietly(self._leave, retry=False)  # the error in flight "
-        "propagates (an interrupt too)\n            raise\n",
-        "        except BaseException:\n            self._guard = None\n            raise\n",
+    "no untoggle on exception": Edit(
+        "Toggle._exit", _LEAVE_ON_ERROR,
+        _LEAVE_ON_ERROR.replace("_quietly(self._leave, retry=False)", "self._guard = None"),
     ),
-    "no untoggle when step fails": (_EXIT, _EXIT.replace(_STEP_ERROR_EXIT, "            self._guard = None\n")),
-    "a failing untoggle replaces the body's exception": (
-        _EXIT, _EXIT.replace(_BODY_ERROR_EXIT, "            self._leave()\n")
+    "no untoggle when zero_grad fails": Edit(
+        "Toggle.__enter__", "_quietly(self._leave, retry=False)\nraise", "self._guard = None\nraise"
     ),
-    "an interrupt during cleanup is dropped": (
-        "    flight propagates unchanged; an interrupt during the cleanup still propagates.\"\"\"\n"
-        "    with contextlib.suppress(Exception):\n",
-        "    flight propagates unchanged; an interrupt during the cleanup still propagates.\"\"\"\n"
-        "    with contextlib.suppress(BaseException):\n",
+    "no untoggle when step fails": Edit(
+        "Toggle._exit", _STEP,
+        _STEP.replace("    _quietly(self._leave, retry=False)\n    raise", "    self._guard = None\n    raise"),
     ),
-    "flat exit restores nothing": (
-        "        _assign(restore(managed), restore(vals))\n",
-        "        pass\n",
+    "a failing untoggle replaces the body's exception": Edit(
+        "Toggle._exit", _LEAVE_ON_ERROR, _LEAVE_ON_ERROR.replace("_quietly(self._leave, retry=False)", "self._leave()")
     ),
-    "flat exit leaves the record": (
-        "    module.__dict__[_RECORD] = {}\n",
-        "    pass\n",
+    "an interrupt during cleanup is dropped": Edit(
+        "_quietly", "contextlib.suppress(Exception)", "contextlib.suppress(BaseException)"
     ),
-    "nesting is Lightning's (flat)": (
-        "    t._nested = nested = bool(stack)\n",
-        "    t._nested = nested = False\n",
+    "flat exit restores nothing": Edit("Toggle._untoggle_flat", "_assign(restore(managed), restore(vals))", "pass"),
+    "flat exit leaves the record": Edit("Toggle._untoggle_flat", "module.__dict__[_RECORD] = {}", "pass"),
+    "nesting is Lightning's (flat)": Edit(
+        "_toggle_optimizer", "t._nested = nested = bool(stack)", "t._nested = nested = False"
     ),
-    "nested toggle from the frozen state": (
-        "    t._vals = user = stack[-1]._user_view(managed, vals)\n",
-        "    t._vals = user = vals\n",
+    "nested toggle from the frozen state": Edit(
+        "_toggle_optimizer", "t._vals = user = stack[-1]._user_view(managed, vals)", "t._vals = user = vals"
     ),
-    "nested exit restores nothing": (
-        "        _assign(self._managed, self._entry)\n",
-        "        pass\n",
+    "nested exit restores nothing": Edit("Toggle._untoggle_nested", "_assign(self._managed, self._entry)", "pass"),
+    "toggle freezes nothing (statement form does nothing)": Edit(
+        "_toggle_optimizer", "param.requires_grad = False", "pass"
     ),
-    "toggle freezes nothing (statement form does nothing)": (
-        "                param.requires_grad = False\n",
-        "                pass\n",
+    "toggle reuses a stale record": Edit("_toggle_optimizer", "vals != plan.last_vals", "plan.last_record is None"),
+    "toggle freezes the toggled optimizer too": Edit(
+        "_Plan.__init__", "_picker([i for i, key in enumerate(order) if key not in own])",
+        "_picker(list(range(len(order))))",
     ),
-    "toggle reuses a stale record": (
-        "        if vals != plan.last_vals:\n",
-        "        if plan.last_record is None:\n",
+    "untoggle skips shared parameters": Edit(
+        "_Plan.__init__", "_picker([i for i, key in enumerate(order) if key in restored])",
+        "_picker([i for i, key in enumerate(order) if key in restored and key not in own])",
     ),
-    "toggle freezes the toggled optimizer too": (
-        "        self.free = _picker([i for i, key in enumerate(order) if key not in own])",
-        "        self.free = _picker(list(range(len(order))))",
+    "cached plan ignores which optimizer is toggled": Edit(
+        "_toggle_optimizer", "key = _plan_key(optimizer, inner)", "key = 0"
     ),
-    "untoggle skips shared parameters": (
-        "        self.restore = _picker([i for i, key in enumerate(order) if key in restored])",
-        "        self.restore = _picker([i for i, key in enumerate(order) if key in restored and key not in own])",
+    "cached plan ignores in-place layout edits": Edit(
+        "_toggle_optimizer", "cached is None or len(layout) != len(cached) or not all(map(is_, layout, cached))",
+        "cached is None or len(layout) != len(cached)",
     ),
-    "cached plan ignores which optimizer is toggled": (
-        "    key = _plan_key(optimizer, inner)\n",
-        "    key = 0\n",
+    "flat exit ignores edits made inside the block": Edit("Toggle._untoggle_flat", "now = _read(opts)", "now = layout"),
+    "flat exit restores the values found at the toggle": Edit(
+        "Toggle._untoggle_flat", _FLAT_CHECK,
+        _FLAT_CHECK.replace("and all(map(is_, record.values(), vals))", "and True"),
     ),
-    "cached plan ignores in-place layout edits": (
-        "    if cached is None or len(layout) != len(cached) or not all(map(is_, layout, cached)):\n",
-        "    if cached is None or len(layout) != len(cached):\n",
+    "flat exit ignores edits of the record's keys": Edit(
+        "Toggle._untoggle_flat", _FLAT_CHECK, _FLAT_CHECK.replace("and all(map(is_, record, managed))\n", "")
     ),
-    "flat exit ignores edits made inside the block": (
-        "        now = _read(opts)\n",
-        "        now = layout\n",
+    "flat exit trusts a dict subclass": Edit(
+        "Toggle._untoggle_flat", _FLAT_CHECK, _FLAT_CHECK.replace("type(record) is dict", "isinstance(record, dict)")
     ),
-    "flat exit restores the values found at the toggle": (
-        _FLAT_CHECK,
-        _FLAT_CHECK.replace("            and all(map(is_, record.values(), vals))", "            and True  #"),
+    "statement untoggle inside a block ignored": Edit(
+        "_untoggled", "top._phase == _MADE and _same(top._optimizer, optimizer)", "False"
     ),
-    "flat exit ignores edits of the record's keys": (
-        _FLAT_CHECK,
-        _FLAT_CHECK.replace("            and all(map(is_, record, managed))\n", ""),
+    "the exit bypasses an overridden untoggle_optimizer": Edit(
+        "Toggle._leave",
+        'state is not None and self._phase != _CLOSED and overrides(module, "untoggle_optimizer")', "False",
     ),
-    "flat exit trusts a dict subclass": (
-        _FLAT_CHECK,
-        _FLAT_CHECK.replace("            and type(record) is dict", "            and isinstance(record, dict)"),
+    "a step inside a block goes unnoticed": Edit(
+        "Toggle._exit", "if self._stepped:\n    raise _double_step(optimizer)",
+        "if False:\n    raise _double_step(optimizer)",
     ),
-    "statement untoggle inside a block ignored": (
-        "        if top._phase == _MADE and _same(top._optimizer, optimizer):\n",
-        "        if False:\n",
+    "a block inside a statement toggle is Lightning's flat one": Edit(
+        "Toggle.__enter__", "self._outer is not None", "False"
     ),
-    "the exit bypasses an overridden untoggle_optimizer": (
-        "        if state is not None and self._phase != _CLOSED and overrides(module, \"untoggle_optimizer\"):\n",
-        "        if False:\n",
+    "a statement toggle keeps everything after its untoggle": Edit(
+        "_untoggled", "flat is not None and flat._phase == _MADE", "False"
     ),
-    "a step inside a block goes unnoticed": (
-        "                if self._stepped:\n",
-        "                if False:\n",
+    "block ignores sync_grad": Edit(
+        "_toggle_optimizer", 'sync = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)',
+        "sync = None",
     ),
-    "a block inside a statement toggle is Lightning's flat one": (
-        "            if self._outer is not None:\n                self._nest()\n",
-        "            if False:\n                self._nest()\n",
-    ),
-    "a statement toggle keeps everything after its untoggle": (
-        "    if flat is not None and flat._phase == _MADE:",
-        "    if False:",
-    ),
-    "block ignores sync_grad": (
-        '    sync = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)\n',
-        "    sync = None\n",
-    ),
-    "sync never resumed": (
-        "                    self._sync_exit.pop()(None, None, None)\n",
-        "                    self._sync_exit.pop()\n",
-    ),
-    "a later refused write replaces the first": (
-        "# re-raised below, after the other writes\n            error = _first(error, e)\n",
-        "# re-raised below, after the other writes\n            error = e\n",
-    ),
-    "a failing sync exit is called again": (  # retried by the cleanup (the bug before this fix)
-        "                    self._sync_exit.pop()(None, None, None)\n",
-        "                    self._sync_exit[-1](None, None, None)\n                    self._sync_exit.pop()\n",
+    "sync never resumed": Edit("Toggle._close", _SYNC_EXIT, "self._sync_exit.pop()"),
+    "a later refused write replaces the first": Edit("_assign", "error = _first(error, e)", "error = e"),
+    "a failing sync exit is called again": Edit(  # retried by the cleanup (the bug before this fix)
+        "Toggle._close", _SYNC_EXIT, "self._sync_exit[-1](None, None, None)\nself._sync_exit.pop()"
     ),
 }
+
+
+def _function(tree: ast.Module, qualname: str) -> ast.FunctionDef:
+    """The definition of ``qualname`` (``Class.method`` or ``function``) in ``tree``, wherever it sits
+    (inside ``if`` blocks too); the last one when it is defined twice."""
+    found: list[ast.FunctionDef] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef)):
+                name = prefix + child.name
+                if name == qualname and isinstance(child, ast.FunctionDef):
+                    found.append(child)
+                visit(child, name + ".")
+            elif not isinstance(child, (ast.expr, ast.AsyncFunctionDef)):
+                visit(child, prefix)
+
+    visit(tree, "")
+    if not found:
+        raise ValueError(f"no function {qualname} in _toggle.py")
+    return found[-1]
+
+
+def _shape(nodes: Sequence[ast.AST]) -> list[str]:
+    return [ast.dump(n, annotate_fields=False, include_attributes=False) for n in nodes]
+
+
+_N = TypeVar("_N", bound=ast.AST)
+
+
+def _placed(node: _N, where: ast.AST) -> _N:
+    """``node`` and everything in it at the source position of ``where`` (the code it replaces)."""
+    for child in ast.walk(node):
+        for attr in ("lineno", "col_offset", "end_lineno", "end_col_offset"):
+            if attr in child._attributes:
+                setattr(child, attr, getattr(where, attr))
+    return node
+
+
+def _planted(tree: ast.Module, edit: Edit) -> int:
+    """Replace ``edit.old`` by ``edit.new`` inside its function in ``tree``; how many places matched."""
+    function = _function(tree, edit.function)
+    old = ast.parse(textwrap.dedent(edit.old).strip())
+    new = ast.parse(textwrap.dedent(edit.new).strip())
+    if all(len(t.body) == 1 and isinstance(t.body[0], ast.Expr) for t in (old, new)):  # expressions
+        want = _shape([old.body[0].value])[0]  # type: ignore[attr-defined]
+        replacement: ast.expr = new.body[0].value  # type: ignore[attr-defined]
+        hits = 0
+
+        class Swap(ast.NodeTransformer):
+            def visit(self, node: ast.AST) -> ast.AST:
+                nonlocal hits
+                if isinstance(node, ast.expr) and _shape([node])[0] == want:
+                    hits += 1
+                    return _placed(copy.deepcopy(replacement), node)
+                result: ast.AST = super().visit(node)
+                return result
+
+        Swap().visit(function)
+        return hits
+    want_stmts = _shape(old.body)
+    hits = 0
+    for node in ast.walk(function):  # every list of statements: bodies, else branches, handlers, finally
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if not isinstance(stmts, list) or not stmts or not isinstance(stmts[0], ast.stmt):
+                continue
+            n = len(want_stmts)
+            for i in range(len(stmts) - n + 1):
+                if _shape(stmts[i:i + n]) == want_stmts:
+                    stmts[i:i + n] = [_placed(stmt, stmts[i]) for stmt in copy.deepcopy(new.body)]
+                    hits += 1
+                    break
+    return hits
+
+
+def mutated_source_tree(name: str) -> ast.Module:
+    """``_toggle.py``'s syntax tree with the bug ``name`` planted."""
+    from toggleshim import _toggle
+
+    tree = ast.parse(Path(_toggle.__file__).read_text())
+    hits = _planted(tree, SHIM[name])
+    if hits != 1:
+        raise ValueError(
+            f"mutant {name!r} matches {hits} places of {SHIM[name].function} in _toggle.py (exactly 1 needed): "
+            "update toggleshim/testing/mutants.py"
+        )
+    return ast.fix_missing_locations(tree)
 
 
 def _apply_lightning(name: str) -> None:
@@ -276,13 +354,10 @@ def _apply_shim(name: str) -> None:
     import toggleshim
     from toggleshim import _patch, _toggle
 
-    old, new = SHIM[name]
-    source = Path(_toggle.__file__).read_text()
-    if source.count(old) != 1:
-        raise ValueError(f"mutant {name!r} no longer applies to _toggle.py: update toggleshim/testing/mutants.py")
+    tree = mutated_source_tree(name)
     mutated = types.ModuleType("toggleshim._toggle")
     mutated.__file__ = _toggle.__file__
-    exec(compile(source.replace(old, new), _toggle.__file__, "exec"), mutated.__dict__)
+    exec(compile(tree, _toggle.__file__, "exec"), mutated.__dict__)
     sys.modules["toggleshim._toggle"] = mutated
     _patch._toggle = mutated  # type: ignore[attr-defined]
     _patch.Toggle = mutated.Toggle  # type: ignore[attr-defined]
