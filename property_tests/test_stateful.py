@@ -318,12 +318,19 @@ class ToggleMachine(RuleBasedStateMachine):
         groups = opts[k].param_groups
         param = self.world.params[data.draw(st.integers(0, len(self.world.params) - 1), label="parameter")]
         filled = [g for g in groups if g["params"]]
+        # Never a parameter twice in one optimizer: torch refuses it (add_param_group), and its steps
+        # fail on it (RMSprop's state made under one group's momentum, read under another's).
         if how == "move" and filled:
-            taken = _edit(data.draw(st.sampled_from(filled)), lambda lst: lst.pop())
-            target = opts[self.k(data)].param_groups[0]
-            at = data.draw(st.integers(0, len(target["params"])))
-            _edit(target, lambda lst: lst.insert(at, taken))
-        elif how == "replace" and filled:
+            source = data.draw(st.sampled_from(filled))
+            taken = _edit(source, lambda lst: lst.pop())
+            into = opts[self.k(data)]
+            if any(taken is q for q in _params(into)):  # held there already: it goes back where it was
+                _edit(source, lambda lst: lst.append(taken))
+            else:
+                target = into.param_groups[0]
+                at = data.draw(st.integers(0, len(target["params"])))
+                _edit(target, lambda lst: lst.insert(at, taken))
+        elif how == "replace" and filled and not any(param is q for q in _params(opts[k])):
             target = data.draw(st.sampled_from(filled))
             at = data.draw(st.integers(0, len(target["params"]) - 1))
             _edit(target, lambda lst: lst.__setitem__(at, param))
