@@ -64,10 +64,10 @@ class _Result:
 class _Property:
     """One property ``check`` runs: everything about it in one place (add a property here only).
 
-    ``strategy`` and ``checker`` name attributes of ``toggleshim.testing`` (imported when the check
-    runs, not at start-up); ``explicit`` names its tuple of hand-picked worlds there (run first, every
-    time, on top of the random ones); ``divisor``: the property runs ``examples // divisor`` random
-    worlds (the trainer property's each run a ``Trainer.fit``).
+    ``checker`` and ``explicit`` name attributes of ``toggleshim.testing`` (imported when the check
+    runs, not at start-up): the function that checks a world, and the tuple of hand-picked worlds run
+    first, every time, on top of the random ones. The random worlds are ``worlds(nesting, max_ops)``,
+    ``examples // divisor`` of them (the trainer property's each run a ``Trainer.fit``).
     """
 
     name: str
@@ -451,21 +451,11 @@ def main(argv: list[str] | None = None) -> int:
         except UsageError as exc:
             parser.exit(2, f"{prog} check: error: {exc}\n")
         except BrokenPipeError:
-            return _closed_pipe()
+            from toggleshim._migrate import closed_pipe
+
+            return closed_pipe()
         return status
     parser.error(f"unknown command {args.command!r}")  # argparse already refuses it; kept for new commands
-
-
-def _closed_pipe() -> int:
-    """The reader of our output went away (``| head``): stop quietly, with the status a shell reports
-    for a process killed by SIGPIPE (Python would otherwise print a traceback flushing at exit)."""
-    from toggleshim._migrate import EXIT_CLOSED_PIPE
-
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            os.dup2(devnull, stream.fileno())
-    return EXIT_CLOSED_PIPE
 
 
 if __name__ == "__main__":

@@ -1459,14 +1459,19 @@ def main(argv: list[str], prog: str = "toggleshim") -> int:
         sys.stdout.flush()
         sys.stderr.flush()
     except BrokenPipeError:
-        # The reader closed the pipe: stop quietly. Python would flush the buffered rest at exit and
-        # print a traceback about it; the standard streams go to devnull instead.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                os.dup2(devnull, stream.fileno())
-        return EXIT_CLOSED_PIPE
+        return closed_pipe()
     return code
+
+
+def closed_pipe() -> int:
+    """The reader of our output went away (``| head``): stop quietly, with :data:`EXIT_CLOSED_PIPE`.
+    Python would flush the buffered rest at exit and print a traceback about it; the standard streams
+    go to devnull instead. (``check`` uses it too.)"""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(devnull, stream.fileno())
+    return EXIT_CLOSED_PIPE
 
 
 # What a `with R.toggle_optimizer(X)` block relies on and the run cannot see (docs/migrate.md)

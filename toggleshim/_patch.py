@@ -71,10 +71,8 @@ class _Flavour:
             return str(getattr(importlib.import_module(self.name), "__version__", "0"))
 
 
-
-
 def _loaded(flavour: Flavour) -> _Flavour | None:
-    """The flavour ``name`` once its ``core.module`` has run, else None. Never imports anything.
+    """``flavour``, with its classes, once its ``core.module`` has run, else None. Never imports anything.
 
     Importing a flavour the user did not import is not harmless: ``lightning.pytorch`` and
     ``pytorch_lightning`` each rebind ``lightning_utilities.core.rank_zero.log`` (and the fabric
@@ -152,10 +150,9 @@ def _report_failure(error: Exception, stacklevel: int) -> None:
         text = "".join(traceback.format_exception_only(type(error), error)).strip()
         unpatched = [k for k in FLAVOURS if (f := _loaded(k)) is not None and _mode(f) is None]
         for k in unpatched:
-            name = k.name
             _judged[k.core_module] = sys.modules.get(k.core_module)  # not at every import
             message = (
-                f"toggleshim could not patch {name} when it was imported: {text}. `with "
+                f"toggleshim could not patch {k.name} when it was imported: {text}. `with "
                 "self.toggle_optimizer(...)` will not work there; `toggleshim.install()` tries again (and "
                 "raises that error if it recurs)."
             )
@@ -165,7 +162,7 @@ def _report_failure(error: Exception, stacklevel: int) -> None:
             except ToggleshimWarning as raised:
                 if raised is not warning:
                     raise
-                _unraisable(error, f"toggleshim could not patch {name} when it was imported")
+                _unraisable(error, f"toggleshim could not patch {k.name} when it was imported")
     except Exception:
         _unraisable(error, "toggleshim could not patch a Lightning flavour when it was imported")
 
@@ -227,8 +224,6 @@ def _hooks() -> list[Any]:
 def _hook_trust() -> bool:
     """The trust of toggleshim's import hook (the audit backstop installs as the hook would)."""
     return any(getattr(hook, "trust_unknown", False) for hook in _hooks())
-
-
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
@@ -516,7 +511,7 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> d
         # that patch was undone since) counts as the original it points at: judged and replaced as such.
         found = _unpatched(flavour)
         originals = vars(found.module_cls)
-        mode, reason = verdicts[flavour.name] = Verdict(*_classify(found))
+        mode, reason = verdicts[flavour.name] = _classify(found)
         if mode == "refuse":
             _warn(
                 f"toggleshim left {_label(flavour)} untouched: {reason}. `with self.toggle_optimizer(...)` "
