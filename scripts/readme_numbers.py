@@ -29,11 +29,15 @@ NUMBERS = ROOT / "docs" / "readme_numbers.json"
 MARK = re.compile(r"<!-- readme-numbers -->.*?<!-- /readme-numbers -->", re.DOTALL)
 
 
+def _default_env() -> dict[str, str]:
+    """This environment without a Hypothesis profile: the README's `pytest -n auto` runs the default."""
+    return {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_PROFILE"}
+
+
 def collected() -> int:
     """The tests ``pytest -n auto`` runs: what the tree collects (the default Hypothesis profile)."""
-    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_PROFILE"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly"],
-                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=600, check=False)
+                          cwd=ROOT, capture_output=True, text=True, env=_default_env(), timeout=600, check=False)
     found = re.search(r"^(\d+) tests? collected", proc.stdout, re.MULTILINE)
     if proc.returncode != 0 or not found:
         raise SystemExit(f"pytest --collect-only: exit {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
@@ -73,8 +77,7 @@ def main() -> int:
     if not args.render:
         numbers["tests"] = collected()
         if not args.count:
-            env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_PROFILE"}
-            numbers["suite_seconds"] = _timed([sys.executable, "-m", "pytest", "-n", "auto", "-q"], env=env)
+            numbers["suite_seconds"] = _timed([sys.executable, "-m", "pytest", "-n", "auto", "-q"], env=_default_env())
             with tempfile.TemporaryDirectory() as tmp:
                 numbers["gan_seconds"] = _timed([sys.executable, "examples/gan.py", "--out", f"{tmp}/gan.png"],
                                                 stdout=subprocess.DEVNULL)

@@ -11,20 +11,25 @@ import torch
 from torch import nn
 
 
+def default_run() -> bool:
+    """The default run (profile dev), kept within five minutes; ci, deep and mutants run every case."""
+    return os.environ.get("HYPOTHESIS_PROFILE", "dev") == "dev"
+
+
 def marked_flavours() -> list[str]:
     """The flavours a test marked ``one_flavour_by_default`` runs on: every installed one under the
     ci, deep and mutants profiles, the first alone in the default run (conftest.py)."""
     from toggleshim.testing import installed_flavours
 
     flavours = installed_flavours()
-    return flavours if os.environ.get("HYPOTHESIS_PROFILE", "dev") != "dev" else flavours[:1]
+    return flavours[:1] if default_run() else flavours
 
 
 def half_of(cases: list[Any], half: int) -> list[Any]:
     """Every case under the ci, deep and mutants profiles; in the default run, half of them: ``half``
     0 and 1 take complementary halves (a Latin square over a 2 x 2 list), so that two tests sharing
     the cases run each case once between them (conftest.py, "five minutes")."""
-    if os.environ.get("HYPOTHESIS_PROFILE", "dev") != "dev":
+    if not default_run():
         return cases
     return [c for i, c in enumerate(cases) if (i + i // 2 + half) % 2 == 0]
 

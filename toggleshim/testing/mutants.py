@@ -137,12 +137,16 @@ _FLAT_CHECK = """(
     and all(map(is_, record, managed))
     and all(map(is_, record.values(), vals))
 )"""
-_ENTER_ERROR = """
-except BaseException:
-    _quietly(self._leave, retry=False)
-    raise
-"""
 _SYNC_EXIT = "self._sync_exit.pop()(None, None, None)"
+
+
+
+def _changing(function: str, old: str, part: str, by: str) -> Edit:
+    """The edit of ``old`` in which its ``part`` (which must occur in it) becomes ``by``."""
+    if part not in old:
+        raise ValueError(f"{part!r} is not in {old!r}")
+    return Edit(function, old, old.replace(part, by))
+
 
 SHIM: dict[str, Edit] = {
     "step on exception": Edit("Toggle._exit", "exc_type is None and self._step", "self._step"),
@@ -158,19 +162,17 @@ SHIM: dict[str, Edit] = {
     "exceptions swallowed": Edit(
         "Toggle._exit", "self._optimizer = None\nreturn False", "self._optimizer = None\nreturn exc_type is not None"
     ),
-    "no untoggle on exception": Edit(
-        "Toggle._exit", _LEAVE_ON_ERROR,
-        _LEAVE_ON_ERROR.replace("_quietly(self._leave, retry=False)", "self._guard = None"),
+    "no untoggle on exception": _changing(
+        "Toggle._exit", _LEAVE_ON_ERROR, "_quietly(self._leave, retry=False)", "self._guard = None"
     ),
     "no untoggle when zero_grad fails": Edit(
         "Toggle.__enter__", "_quietly(self._leave, retry=False)\nraise", "self._guard = None\nraise"
     ),
-    "no untoggle when step fails": Edit(
-        "Toggle._exit", _STEP,
-        _STEP.replace("    _quietly(self._leave, retry=False)\n    raise", "    self._guard = None\n    raise"),
+    "no untoggle when step fails": _changing(
+        "Toggle._exit", _STEP, "    _quietly(self._leave, retry=False)\n    raise", "    self._guard = None\n    raise"
     ),
-    "a failing untoggle replaces the body's exception": Edit(
-        "Toggle._exit", _LEAVE_ON_ERROR, _LEAVE_ON_ERROR.replace("_quietly(self._leave, retry=False)", "self._leave()")
+    "a failing untoggle replaces the body's exception": _changing(
+        "Toggle._exit", _LEAVE_ON_ERROR, "_quietly(self._leave, retry=False)", "self._leave()"
     ),
     "an interrupt during cleanup is dropped": Edit(
         "_quietly", "contextlib.suppress(Exception)", "contextlib.suppress(BaseException)"
@@ -204,15 +206,14 @@ SHIM: dict[str, Edit] = {
         "cached is None or len(layout) != len(cached)",
     ),
     "flat exit ignores edits made inside the block": Edit("Toggle._untoggle_flat", "now = _read(opts)", "now = layout"),
-    "flat exit restores the values found at the toggle": Edit(
-        "Toggle._untoggle_flat", _FLAT_CHECK,
-        _FLAT_CHECK.replace("and all(map(is_, record.values(), vals))", "and True"),
+    "flat exit restores the values found at the toggle": _changing(
+        "Toggle._untoggle_flat", _FLAT_CHECK, "and all(map(is_, record.values(), vals))", "and True"
     ),
-    "flat exit ignores edits of the record's keys": Edit(
-        "Toggle._untoggle_flat", _FLAT_CHECK, _FLAT_CHECK.replace("and all(map(is_, record, managed))\n", "")
+    "flat exit ignores edits of the record's keys": _changing(
+        "Toggle._untoggle_flat", _FLAT_CHECK, "and all(map(is_, record, managed))\n", ""
     ),
-    "flat exit trusts a dict subclass": Edit(
-        "Toggle._untoggle_flat", _FLAT_CHECK, _FLAT_CHECK.replace("type(record) is dict", "isinstance(record, dict)")
+    "flat exit trusts a dict subclass": _changing(
+        "Toggle._untoggle_flat", _FLAT_CHECK, "type(record) is dict", "isinstance(record, dict)"
     ),
     "statement untoggle inside a block ignored": Edit(
         "_untoggled", "top._phase == _MADE and _same(top._optimizer, optimizer)", "False"
@@ -308,12 +309,14 @@ def _planted(tree: ast.Module, edit: Edit) -> int:
             stmts = getattr(node, field, None)
             if not isinstance(stmts, list) or not stmts or not isinstance(stmts[0], ast.stmt):
                 continue
-            n = len(want_stmts)
-            for i in range(len(stmts) - n + 1):
+            n, i = len(want_stmts), 0
+            while i <= len(stmts) - n:  # every occurrence counts (more than one: the mutant is refused)
                 if _shape(stmts[i:i + n]) == want_stmts:
                     stmts[i:i + n] = [_placed(stmt, stmts[i]) for stmt in copy.deepcopy(new.body)]
                     hits += 1
-                    break
+                    i += len(new.body)
+                else:
+                    i += 1
     return hits
 
 
