@@ -31,24 +31,32 @@ import FLAVOUR as pl
 class Spy:
     """User code behind expressions that look harmless: each way Python lets an expression run code
     (``__format__`` in an f-string, ``__iter__`` when unpacked, a property, ``__getitem__``,
-    comparisons, operators, ``__bool__``, a call) reads gradients, parameters and optimizer state
-    into the module's trace, or (``write``) changes them."""
+    comparisons, operators, ``__bool__``, a call) does what its ``mode`` says: ``read`` reads
+    gradients, parameters and optimizer state into the module's trace; ``write`` changes them (sets
+    or halves every ``.grad``, moves a parameter, lowers each ``lr`` and halves each optimizer's
+    per-parameter state, ``momentum_buffer``, ``exp_avg``...); ``state`` changes the optimizer state
+    alone (the test that a move across such a line is seen)."""
 
-    def __init__(self, module, opts, write):
-        self.module, self.opts, self.write = module, opts, write
+    def __init__(self, module, opts, mode):
+        self.module, self.opts, self.mode = module, opts, mode
 
     def touch(self):
-        if self.write:
-            with torch.no_grad():
-                for p in self.module.parameters():
-                    if p.grad is not None:
-                        p.grad.mul_(0.5)
-                self.module.c.add_(0.25)
-            for o in self.opts:
-                o.param_groups[0]["lr"] *= 0.9
-        else:
+        if self.mode == "read":
             self.module.observe()
             self.module.trace.append([copy.deepcopy(o.state_dict()) for o in self.opts])
+            return 1
+        with torch.no_grad():
+            if self.mode == "write":
+                for p in self.module.parameters():  # a zero_grad() moved across this is seen either way
+                    p.grad = torch.full_like(p, 0.5) if p.grad is None else p.grad.mul_(0.5)
+                self.module.c.add_(0.25)
+                for o in self.opts:
+                    o.param_groups[0]["lr"] *= 0.9
+            for o in self.opts:
+                for state in o.state.values():
+                    for key, value in state.items():
+                        if key != "step" and torch.is_tensor(value):  # Adam's step count stays a count
+                            value.mul_(0.5)
         return 1
 
     def __format__(self, spec):

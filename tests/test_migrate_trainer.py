@@ -274,3 +274,44 @@ def test_assumption_broken_trains_differently() -> None:
     assert_same_world(before, fit(migrated(original), patched=True))  # the default rules: exact
     with pytest.raises(AssertionError):
         assert_same_world(before, fit(broken, patched=True))
+
+
+BOTH = """
+self.toggle_optimizer(g_opt)
+loss = self.loss(x, 0)
+g_opt.zero_grad(set_to_none=True)
+self.manual_backward(loss)
+g_opt.step()
+self.untoggle_optimizer(g_opt)
+self.observe()
+self.toggle_optimizer(d_opt)
+scaled = self.loss(x, 1) * (batch_idx + 1)
+d_opt.zero_grad(set_to_none=True)
+self.manual_backward(scaled)
+d_opt.step()
+self.untoggle_optimizer(d_opt)
+self.observe()
+"""
+
+
+@pytest.mark.one_flavour_by_default
+def test_both_assumptions_together_train_bit_identically_in_trainer_fit(flavour: str) -> None:
+    """`--assume torch2-defaults --assume forward-reads-no-grad`: the loss computed before
+    `zero_grad(set_to_none=True)` needs both to reach the plain block (either alone keeps
+    `zero_grad=False`), and the module migrated with both trains bitwise as the original."""
+    original = render(BOTH, flavour)
+    kept = [f"with self.toggle_optimizer({o}, zero_grad=False):" for o in ("g_opt", "d_opt")]
+    for assume, expected in (
+        (frozenset(), kept),
+        (frozenset({"torch2-defaults"}), kept),
+        (frozenset({"forward-reads-no-grad"}), kept),
+        (frozenset({"torch2-defaults", "forward-reads-no-grad"}),
+         ["with self.toggle_optimizer(g_opt):", "with self.toggle_optimizer(d_opt):"]),
+    ):
+        new = migrated(original, assume)
+        assert [line.strip() for line in new.splitlines() if line.strip().startswith("with self.")] == expected
+    assert "_opt.zero_grad(" not in new  # both calls taken over by the blocks
+    before = fit(original, patched=False, flavour=flavour)
+    after = fit(new, patched=True, flavour=flavour)
+    assert after["global_step"] > 0 and after["trace"], "the step ran"
+    assert_same_world(before, after)
