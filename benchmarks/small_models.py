@@ -54,7 +54,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_toggle as bench
 
-from toggleshim import _toggle
+from toggleshim import _block, _toggle, _writes
 
 
 def main() -> None:
@@ -144,21 +144,22 @@ def main() -> None:
                 with Minimal(opt):
                     body()
 
-    toggle_cls = _toggle.Toggle
-    guarded, checked = toggle_cls.__dict__["__exit__"], toggle_cls._untoggle_flat
+    toggle_cls, flat_cls = _block.Toggle, _toggle._Flat
+    guarded, checked = toggle_cls.__dict__["__exit__"], flat_cls.undo
 
     def unchecked(self: Any) -> None:
-        restore = self._plan.restore
-        _toggle._assign(restore(self._managed), restore(self._vals))
-        self._module.__dict__["_param_requires_grad_state"] = {}
+        picks = self.plan.restore
+        _writes.restore(picks(self.managed), picks(self.vals))
+        self.forget()
+        self.module.__dict__["_param_requires_grad_state"] = {}
 
     def patched(exit_fn: Any, flat: Any) -> Callable[[int], None]:
         def run(n: int) -> None:
-            toggle_cls.__exit__, toggle_cls._untoggle_flat = exit_fn, flat  # type: ignore[method-assign]
+            toggle_cls.__exit__, flat_cls.undo = exit_fn, flat  # type: ignore[method-assign]
             try:
                 fx.variants["block"](n)
             finally:
-                toggle_cls.__exit__, toggle_cls._untoggle_flat = guarded, checked  # type: ignore[method-assign]
+                toggle_cls.__exit__, flat_cls.undo = guarded, checked  # type: ignore[method-assign]
         return run
 
     variants: dict[str, Callable[[int], None]] = {

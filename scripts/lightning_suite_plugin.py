@@ -53,21 +53,21 @@ _ported: list[str] = []
 
 def _import_shim() -> None:
     import toggleshim
-    from toggleshim import _toggle
+    from toggleshim import _block
 
-    # Every Toggle is made by _toggle._new (looked up in the module's globals at each toggle, also by
+    # Every Toggle is made by _block._new (looked up in the module's globals at each toggle, also by
     # the copies of the toggle installed as toggle_optimizer): count there.
-    original_new = _toggle._new
+    original_new = _block._new
     if getattr(original_new, "_suite_counting", False):
         return
 
     def counting_new(cls: Any) -> Any:
-        if cls is _toggle.Toggle:
+        if cls is _block.Toggle:
             _toggles[0] += 1
         return original_new(cls)
 
     counting_new._suite_counting = True  # type: ignore[attr-defined]
-    _toggle._new = counting_new
+    _block._new = counting_new
     assert toggleshim.__name__ == "toggleshim"
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import toggleshim
-from toggleshim import _toggle
+from toggleshim import _block, _toggle
 
 PACKAGE = str(Path(toggleshim.__file__).parent)
 HARNESS = str(Path(PACKAGE) / "testing")
@@ -36,9 +36,9 @@ class Interrupter:
         self.sites: list[tuple[str, int]] = []  # counting (k=0): the line each count is, (file, number)
 
     def __enter__(self) -> Interrupter:
-        # A stale class-level lookup of Toggle.__exit__ (pydoc, inspect: see _toggle._ExitGuard) would
+        # A stale class-level lookup of Toggle.__exit__ (pydoc, inspect: see _block._ExitGuard) would
         # run a few lines more in the next __enter__ only: every run starts without one
-        _toggle._LOOKED_UP.clear()
+        _block._LOOKED_UP.clear()
         sys.settrace(self._call)
         return self
 

@@ -110,7 +110,7 @@ import sys
 from toggleshim import _patch
 cls = sys.modules["{flavour}"].LightningModule
 assert toggleshim.is_installed()
-assert vars(cls)["toggle_optimizer"].__module__ == "toggleshim._toggle", vars(cls)["toggle_optimizer"]
+assert vars(cls)["toggle_optimizer"].__module__ == "toggleshim._block", vars(cls)["toggle_optimizer"]
 assert _patch._original_of(vars(cls)["toggle_optimizer"]) is not None
 assert _patch._original_of(vars(cls)["untoggle_optimizer"]) is not None
 loader = sys.modules["{flavour}.core.module"].__spec__.loader

@@ -240,4 +240,4 @@ def test_type_checkers_find_the_package_after_an_editable_or_a_wheel_install(
     for kind in ("editable", "wheel"):
         out = _mypy_in(envs[kind], user)
         assert "import-not-found" not in out and "error:" not in out, (kind, out)
-        assert "toggleshim._toggle.Toggle[" in out, (kind, out)  # the real signature, not Any
+        assert "toggleshim._block.Toggle[" in out, (kind, out)  # the real signature, not Any

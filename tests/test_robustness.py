@@ -24,7 +24,7 @@ from _fixtures import pl, state, three_heads
 from _hostile import Interrupter, Refusing
 from torch import nn
 
-from toggleshim import _toggle
+from toggleshim import _block, _toggle
 
 
 def original(flavour: str, name: str) -> Any:
@@ -167,7 +167,7 @@ def _interrupt_at(k: int, flavour: str, cached: bool, run: Callable[[Any], None]
     # the next block is a flat one, exactly Lightning's toggle
     with m.toggle_optimizer(m.opts[1], zero_grad=False, step=False):
         stack = open_toggles(m)
-        assert len(stack) == 1 and not stack[0]._nested, (k, inter.where)
+        assert len(stack) == 1 and type(stack[0]) is _toggle._Flat, (k, inter.where)
         expected = three_heads(flavour, n_opt=3, frozen=True, shared=True)
         original(flavour, "toggle_optimizer")(expected, expected.opts[1])
         assert state(m) == state(expected), (k, inter.where)
@@ -187,7 +187,7 @@ def test_ctrl_c_before_exit_runs_closes_the_block(flavour: str) -> None:
     before = state(m)
     with m.toggle_optimizer(m.opts[0]):
         pass  # cached plan
-    exit_fn = _toggle.Toggle._exit
+    exit_fn = _block.Toggle._exit
     first_line = exit_fn.__code__.co_firstlineno
 
     class AtExit(Interrupter):
@@ -212,7 +212,7 @@ def test_ctrl_c_at_the_first_line_of_the_exit_closes_the_block_every_way_in(flav
     interrupt, once handled: the stack's frame in its traceback holds it)."""
     m = three_heads(flavour, n_opt=3)
     before = state(m)
-    codes = {_toggle.Toggle._exit.__code__, type(m.toggle_optimizer(m.opts[0])).__exit__.__code__}
+    codes = {_block.Toggle._exit.__code__, type(m.toggle_optimizer(m.opts[0])).__exit__.__code__}
     m.untoggle_optimizer(m.opts[0])
 
     class AtExit(Interrupter):
@@ -260,7 +260,7 @@ def test_explicit_enter_and_exit_calls_keep_the_guarantees_with_a_retry(flavour:
     before = state(m)
     block = m.toggle_optimizer(m.opts[0])
     block.__enter__()
-    exit_fn = _toggle.Toggle._exit
+    exit_fn = _block.Toggle._exit
 
     class AtExit(Interrupter):
         def _line(self, frame: Any, event: str, arg: Any) -> Any:
@@ -281,7 +281,7 @@ GC_HOOK_SCRIPT = textwrap.dedent(
     """
     import gc, inspect, itertools, sys, types
     import torch, toggleshim
-    from toggleshim import _toggle
+    from toggleshim import _block, _toggle
     sys.path.insert(0, {tests!r})
     from _fixtures import three_heads
     m = three_heads({flavour!r})

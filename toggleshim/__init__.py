@@ -7,8 +7,8 @@ gradients on entry, steps on a clean exit and always untoggles. For type-checked
 ``with toggleshim.toggle(self, opt):`` is the same block with a precise type.
 """
 
+from toggleshim._block import Toggle, toggle
 from toggleshim._patch import ToggleshimWarning, _install_at_import, install, is_installed, uninstall
-from toggleshim._toggle import Toggle, toggle
 
 __all__ = ["Toggle", "ToggleshimWarning", "__version__", "install", "is_installed", "toggle", "uninstall"]
 __version__ = "0.1.0"

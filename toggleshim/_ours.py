@@ -4,10 +4,10 @@
   (``_toggleshim_self``) and the original it replaced (``_toggleshim_original``). Only the object its
   own weak reference points at is ours: ``functools.wraps`` copies ``__dict__``, so someone else's
   wrapper over ours carries copies of both marks (and a proxy such as wrapt's forwards them).
-* **Which methods a module's class really runs** (:func:`dispatches_to_own`): the block keeps the
+* **Which methods a module's class really runs** (:func:`overrides`): the block keeps the
   extension points of what it replaces, so where a subclass overrides ``toggle_optimizer`` or
   ``untoggle_optimizer`` the block calls the module's own method.
-* The flag rule and the description of a bad value, for every entry point.
+* The description of a bad value, for every error message.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ __all__ = [
     "MODE",
     "ORIGINAL",
     "SELF",
-    "check_flags",
     "describe",
     "is_lightnings",
     "mark",
@@ -93,13 +92,3 @@ def describe(obj: Any) -> str:
     if len(text) > 80:
         text = text[:77] + "..."
     return f"{cls.__module__}.{cls.__qualname__} ({text})"
-
-
-def check_flags(**flags: Any) -> None:
-    """Every block flag is exactly ``True`` or ``False`` (a ``bool``: not ``1``, ``numpy.True_``, a tensor)."""
-    for flag, value in flags.items():
-        if type(value) is not bool:
-            raise TypeError(
-                f"toggle_optimizer(): {flag} must be True or False (a bool), got {describe(value)}; "
-                "nothing was changed"
-            )

@@ -3,7 +3,8 @@
 The gate is code identity, not version numbers: a flavour whose two methods are Lightning's own and
 fingerprint (``_fingerprint.py``) as code toggleshim verified (``_known.py``, every release of the matrix)
 gets the shim, whatever its version says. Lightning's own methods with code not verified get the
-fallback (``_fallback.py``: the block runs that Lightning's own sequence; nesting raises a clear error).
+fallback (``_block.make_fallback``: the block runs that Lightning's own sequence; nesting raises a clear
+error).
 Anything else (someone else's patch, a missing method, a signature without ``(self, optimizer)``) is
 left untouched with a warning.
 
@@ -36,20 +37,20 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, NamedTuple
 
-from toggleshim import _toggle
-from toggleshim._fallback import make_fallback
+from toggleshim import _block
+from toggleshim._block import _STEP_HOOK, FLAGS, Toggle, _untoggled, _watch_steps, make_fallback
 from toggleshim._fingerprint import fingerprint_function
 from toggleshim._flavours import FLAVOURS, Flavour
 from toggleshim._known import KNOWN
 from toggleshim._ours import CORE_MODULES, mark, original_of
 from toggleshim._ours import MODE as _MODE
 from toggleshim._ours import ORIGINAL as _SENTINEL  # noqa: F401  (tests read it here)
-from toggleshim._toggle import _STEP_HOOK, Toggle, _keep_dynamo_out, _mark_for_dynamo, _untoggled, _watch_steps
+from toggleshim._toggle import _keep_dynamo_out, _mark_for_dynamo
 
 __all__ = ["ToggleshimWarning", "install", "is_installed", "uninstall"]
 
 _PATCHED = ("toggle_optimizer", "untoggle_optimizer")
-_OUR_FLAGS = ("zero_grad", "step", "sync_grad")
+_OUR_FLAGS = tuple(FLAGS)
 
 
 class ToggleshimWarning(UserWarning):
@@ -389,24 +390,33 @@ nested block restores the state found on entry.
 
 Args:
     optimizer: a ``torch.optim.Optimizer`` or the ``LightningOptimizer`` from ``self.optimizers()``.
-    zero_grad: call ``optimizer.zero_grad()`` on entering the block.
-    step: call ``optimizer.step()`` when the block ends without an exception.
-    sync_grad: ``False`` skips the DDP gradient all-reduce inside the block (gradient
-        accumulation micro-batches), restored on every exit.
-"""
+""" + "".join(f"    {name}: {doc}\n" for name, (_, doc) in FLAGS.items())
+
+# What inspect.signature and help() show: Lightning's parameters, then the flags (keyword-only)
+_TOGGLE_SIGNATURE = inspect.Signature(
+    [
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("optimizer", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=bool)
+          for name, (default, _) in FLAGS.items()),
+    ],
+    return_annotation=Toggle[Any],
+)
 
 
 def _make_toggle(original: Any) -> Callable[..., Any]:
     # A copy of the toggle itself, not a wrapper around it: one call less on every toggle. Its own
     # function object (each flavour's carries the sentinel to its own original), with the signature
-    # and help of Lightning's method plus the new parameters.
-    impl = _toggle._toggle_optimizer
+    # and help of Lightning's method plus the flags.
+    impl = _block._toggle_optimizer
     toggle_optimizer = types.FunctionType(
         impl.__code__, impl.__globals__, "toggle_optimizer", impl.__defaults__, impl.__closure__
     )
+    toggle_optimizer.__kwdefaults__ = impl.__kwdefaults__
     toggle_optimizer.__doc__ = _TOGGLE_DOC
+    toggle_optimizer.__signature__ = _TOGGLE_SIGNATURE  # type: ignore[attr-defined]
     toggle_optimizer.__annotations__ = {
-        "self": Any, "optimizer": Any, "zero_grad": bool, "step": bool, "sync_grad": bool, "return": Toggle[Any]
+        "self": Any, "optimizer": Any, **{name: bool for name in FLAGS}, "return": Toggle[Any]
     }
     return _finish(toggle_optimizer, original, "shim")
 
@@ -445,12 +455,10 @@ def _make_fallback(flavour: _Flavour, name: str | None = None) -> Callable[..., 
 def _warning_first(fallback: Callable[..., Any], name: str) -> Callable[..., Any]:
     # functools.wraps copies the fallback's mark, so that toggleshim.toggle() routes through this too
     @functools.wraps(fallback)
-    def toggle_optimizer(
-        self: Any, optimizer: Any, zero_grad: bool = True, step: bool = True, sync_grad: bool = True
-    ) -> Any:
+    def toggle_optimizer(self: Any, optimizer: Any, **flags: bool) -> Any:
         if name in _pending:
             _emit_pending((name,), stacklevel=3)  # frames: _emit_pending, this, the caller
-        return fallback(self, optimizer, zero_grad, step, sync_grad)
+        return fallback(self, optimizer, **flags)
 
     return toggle_optimizer
 

@@ -21,9 +21,9 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from toggleshim._block import Toggle, toggle
 from toggleshim._flavours import NAMES, of_module
 from toggleshim._ours import original_of, route
-from toggleshim._toggle import Toggle, toggle
 from toggleshim.testing import model as _model
 from toggleshim.testing.specs import (
     SYNC_FAULTS,
@@ -421,8 +421,7 @@ class ShimDriver:
     def block(self, world: World, op: Block, after_toggle: Callable[[], None], body: Callable[[], None]) -> None:
         # As users write it: unless ``op.explicit``, a flag is passed only when it differs from its
         # default (so the defaults are under test too), through the entry point ``op.entry``
-        flags = {name: value for name, value in (("zero_grad", op.zero_grad), ("step", op.step),
-                                                  ("sync_grad", op.sync_grad)) if op.explicit or value is not True}
+        flags = dict(op.flags) if op.explicit else op.changed()
         module, opt = world.module, world.opts[op.k]
         if op.entry == "toggle":
             toggled = toggle(module, opt, **flags)

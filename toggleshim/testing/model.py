@@ -355,13 +355,14 @@ class ToggleModel:
     def stepped(self, k: int) -> None:
         """Optimizer ``k`` stepped: every open block over it has seen a step in its body (at its clean
         exit the shim then refuses to step again: a double step)."""
-        for frame in self.stack:
+        for frame in [*self.stack, *self.own_blocks]:
             if frame.k == k and frame.in_body and not frame.closed:
                 frame.stepped = True
 
     def refuses_step(self, frame: Frame, step: bool, completed: bool) -> bool:
-        """The shim's exit raises instead of stepping a second time (never Lightning's own methods)."""
-        return not self.lightning and not frame.own_block and step and completed and frame.stepped
+        """The shim's exit raises instead of stepping a second time, whatever made the toggle (never
+        Lightning's own methods driven by hand)."""
+        return not self.lightning and step and completed and frame.stepped
 
     # -- what the invariants talk about ----------------------------------------------------
 

@@ -5,9 +5,9 @@ fail (``scripts/mutation_score.py``), and the unaltered code must pass.
 
 * ``LIGHTNING``: replacements for Lightning's ``toggle_optimizer`` / ``untoggle_optimizer`` that look
   exactly like a new release's methods (same name, module and signature), so the shim accepts them.
-* ``SHIM``: bugs planted in functions of ``toggleshim/_toggle.py`` (:class:`Edit`, matched on the
-  syntax tree), compiled into a module that takes the place of the real one (every exit path, every
-  flag, nesting, failing zero_grad/step, the fast path).
+* ``SHIM``: bugs planted in functions of the core (``toggleshim/_writes.py``, ``_toggle.py``,
+  ``_block.py``; :class:`Edit`, matched on the syntax tree), compiled into a module that takes the
+  place of the real one (every exit path, every flag, nesting, failing zero_grad/step, the fast path).
 """
 
 from __future__ import annotations
@@ -92,13 +92,16 @@ LIGHTNING: dict[str, dict[str, Callable[[Any, Any], None]]] = {
 }
 
 
-# -- shim bugs (edits of functions of _toggle.py) ------------------------------------------------
+# -- shim bugs (edits of functions of the core) --------------------------------------------------
+
+#: The modules of the core, in the order they import each other: a shim bug is planted in one of them.
+CORE = ("_writes", "_toggle", "_block")
 
 
 @dataclass(frozen=True)
 class Edit:
-    """A bug planted in one function of ``toggleshim/_toggle.py``: in ``function`` (a qualified name),
-    the statements (or the expression) ``old`` become ``new``.
+    """A bug planted in one function of the core (``toggleshim/<module>.py``, one of :data:`CORE`): in
+    ``function`` (a qualified name), the statements (or the expression) ``old`` become ``new``.
 
     Matched on the syntax tree, not the text: comments, formatting, and every other function of the
     module may change without touching the mutant; it stops applying (a clear error) only when the
@@ -108,6 +111,7 @@ class Edit:
     function: str
     old: str
     new: str
+    module: str = "_block"
 
 
 # A bug that skips an untoggle also drops the block's exit guard (``self._guard = None``): the guard
@@ -117,16 +121,16 @@ _LEAVE_ON_ERROR = """
 if exc_type is None:
     self._leave()
 else:
-    _quietly(self._leave, retry=False)
+    quietly(self._leave, retry=False)
 """
 _STEP = """
 try:
-    if exc_type is None and self._step:
+    if exc_type is None and self._flags["step"]:
         if self._stepped:
             raise _double_step(optimizer)
         optimizer.step()
 except BaseException:
-    _quietly(self._leave, retry=False)
+    quietly(self._leave, retry=False)
     raise
 """
 _FLAT_CHECK = """(
@@ -140,107 +144,108 @@ _FLAT_CHECK = """(
 _SYNC_EXIT = "self._sync_exit.pop()(None, None, None)"
 
 
-
-def _changing(function: str, old: str, part: str, by: str) -> Edit:
+def _changing(function: str, old: str, part: str, by: str, module: str = "_block") -> Edit:
     """The edit of ``old`` in which its ``part`` (which must occur in it) becomes ``by``."""
     if part not in old:
         raise ValueError(f"{part!r} is not in {old!r}")
-    return Edit(function, old, old.replace(part, by))
+    return Edit(function, old, old.replace(part, by), module)
 
 
 SHIM: dict[str, Edit] = {
-    "step on exception": Edit("Toggle._exit", "exc_type is None and self._step", "self._step"),
-    "step ignores the step flag": Edit("Toggle._exit", "exc_type is None and self._step", "exc_type is None"),
+    "step on exception": Edit("Toggle._exit", 'exc_type is None and self._flags["step"]', 'self._flags["step"]'),
+    "step ignores the step flag": Edit("Toggle._exit", 'exc_type is None and self._flags["step"]', "exc_type is None"),
     "no zero_grad on entry": Edit(
-        "Toggle.__enter__", "if self._zero_grad:\n    self._optimizer.zero_grad()",
+        "Toggle.__enter__", 'if flags["zero_grad"]:\n    self._optimizer.zero_grad()',
         "if False:\n    self._optimizer.zero_grad()",
     ),
     "zero_grad ignores the flag": Edit(
-        "Toggle.__enter__", "if self._zero_grad:\n    self._optimizer.zero_grad()",
+        "Toggle.__enter__", 'if flags["zero_grad"]:\n    self._optimizer.zero_grad()',
         "if True:\n    self._optimizer.zero_grad()",
     ),
     "exceptions swallowed": Edit(
-        "Toggle._exit", "self._optimizer = None\nreturn False", "self._optimizer = None\nreturn exc_type is not None"
+        "Toggle._exit", "self._optimizer = None", "self._optimizer = None\nreturn exc_type is not None"
     ),
     "no untoggle on exception": _changing(
-        "Toggle._exit", _LEAVE_ON_ERROR, "_quietly(self._leave, retry=False)", "self._guard = None"
+        "Toggle._exit", _LEAVE_ON_ERROR, "quietly(self._leave, retry=False)", "self._guard = None"
     ),
     "no untoggle when zero_grad fails": Edit(
-        "Toggle.__enter__", "_quietly(self._leave, retry=False)\nraise", "self._guard = None\nraise"
+        "Toggle.__enter__", "quietly(self._leave, retry=False)\nraise", "self._guard = None\nraise"
     ),
     "no untoggle when step fails": _changing(
-        "Toggle._exit", _STEP, "    _quietly(self._leave, retry=False)\n    raise", "    self._guard = None\n    raise"
+        "Toggle._exit", _STEP, "    quietly(self._leave, retry=False)\n    raise", "    self._guard = None\n    raise"
     ),
     "a failing untoggle replaces the body's exception": _changing(
-        "Toggle._exit", _LEAVE_ON_ERROR, "_quietly(self._leave, retry=False)", "self._leave()"
+        "Toggle._exit", _LEAVE_ON_ERROR, "quietly(self._leave, retry=False)", "self._leave()"
     ),
     "an interrupt during cleanup is dropped": Edit(
-        "_quietly", "contextlib.suppress(Exception)", "contextlib.suppress(BaseException)"
+        "quietly", "contextlib.suppress(Exception)", "contextlib.suppress(BaseException)", "_writes"
     ),
-    "flat exit restores nothing": Edit("Toggle._untoggle_flat", "_assign(restore(managed), restore(vals))", "pass"),
-    "flat exit leaves the record": Edit("Toggle._untoggle_flat", "module.__dict__[_RECORD] = {}", "pass"),
-    "nesting is Lightning's (flat)": Edit(
-        "_toggle_optimizer", "t._nested = nested = bool(stack)", "t._nested = nested = False"
-    ),
+    "flat exit restores nothing": Edit("_Flat.undo", "restore(picks(managed), picks(vals))", "pass", "_toggle"),
+    "flat exit leaves the record": Edit("_Flat.undo", "module.__dict__[RECORD] = {}", "pass", "_toggle"),
+    "nesting is Lightning's (flat)": Edit("toggle", "not stack", "True", "_toggle"),
     "nested toggle from the frozen state": Edit(
-        "_toggle_optimizer", "t._vals = user = stack[-1]._user_view(managed, vals)", "t._vals = user = vals"
+        "toggle", "nested.vals = user = stack[-1].user_view(managed, vals)", "nested.vals = user = vals", "_toggle"
     ),
-    "nested exit restores nothing": Edit("Toggle._untoggle_nested", "_assign(self._managed, self._entry)", "pass"),
-    "toggle freezes nothing (statement form does nothing)": Edit(
-        "_toggle_optimizer", "param.requires_grad = False", "pass"
-    ),
-    "toggle reuses a stale record": Edit("_toggle_optimizer", "vals != plan.last_vals", "plan.last_record is None"),
+    "nested exit restores nothing": Edit("_Nested.undo", "restore(self.managed, self.entry)", "pass", "_toggle"),
+    "toggle freezes nothing (statement form does nothing)": Edit("toggle", "plan.free(managed)", "()", "_toggle"),
+    "toggle reuses a stale record": Edit("toggle", "vals != plan.last_vals", "plan.last_record is None", "_toggle"),
     "toggle freezes the toggled optimizer too": Edit(
         "_Plan.__init__", "_picker([i for i, key in enumerate(order) if key not in own])",
-        "_picker(list(range(len(order))))",
+        "_picker(list(range(len(order))))", "_toggle",
     ),
     "untoggle skips shared parameters": Edit(
         "_Plan.__init__", "_picker([i for i, key in enumerate(order) if key in restored])",
-        "_picker([i for i, key in enumerate(order) if key in restored and key not in own])",
+        "_picker([i for i, key in enumerate(order) if key in restored and key not in own])", "_toggle",
     ),
     "cached plan ignores which optimizer is toggled": Edit(
-        "_toggle_optimizer", "key = _plan_key(optimizer, inner)", "key = 0"
+        "toggle", "key = _plan_key(optimizer, inner)", "key = 0", "_toggle"
     ),
     "cached plan ignores in-place layout edits": Edit(
-        "_toggle_optimizer", "cached is None or len(layout) != len(cached) or not all(map(is_, layout, cached))",
-        "cached is None or len(layout) != len(cached)",
+        "toggle", "cached is None or len(layout) != len(cached) or not all(map(is_, layout, cached))",
+        "cached is None or len(layout) != len(cached)", "_toggle",
     ),
-    "flat exit ignores edits made inside the block": Edit("Toggle._untoggle_flat", "now = _read(opts)", "now = layout"),
+    "flat exit ignores edits made inside the block": Edit("_Flat.undo", "now = _read(opts)", "now = layout", "_toggle"),
     "flat exit restores the values found at the toggle": _changing(
-        "Toggle._untoggle_flat", _FLAT_CHECK, "and all(map(is_, record.values(), vals))", "and True"
+        "_Flat.undo", _FLAT_CHECK, "and all(map(is_, record.values(), vals))", "and True", "_toggle"
     ),
     "flat exit ignores edits of the record's keys": _changing(
-        "Toggle._untoggle_flat", _FLAT_CHECK, "and all(map(is_, record, managed))\n", ""
+        "_Flat.undo", _FLAT_CHECK, "and all(map(is_, record, managed))\n", "", "_toggle"
     ),
     "flat exit trusts a dict subclass": _changing(
-        "Toggle._untoggle_flat", _FLAT_CHECK, "type(record) is dict", "isinstance(record, dict)"
+        "_Flat.undo", _FLAT_CHECK, "type(record) is dict", "isinstance(record, dict)", "_toggle"
     ),
     "statement untoggle inside a block ignored": Edit(
-        "_untoggled", "top._phase == _MADE and _same(top._optimizer, optimizer)", "False"
+        "_untoggled", "not top.entered and same(top.optimizer, optimizer)", "False"
     ),
     "the exit bypasses an overridden untoggle_optimizer": Edit(
-        "Toggle._leave",
-        'state is not None and self._phase != _CLOSED and overrides(module, "untoggle_optimizer")', "False",
+        "Toggle._leave", 'overrides(self._module, "untoggle_optimizer")', "False"
     ),
     "a step inside a block goes unnoticed": Edit(
         "Toggle._exit", "if self._stepped:\n    raise _double_step(optimizer)",
         "if False:\n    raise _double_step(optimizer)",
     ),
     "a block inside a statement toggle is Lightning's flat one": Edit(
-        "Toggle.__enter__", "self._outer is not None", "False"
+        "_Flat.for_block", "self.outer is not None", "False", "_toggle"
     ),
     "a statement toggle keeps everything after its untoggle": Edit(
         "_untoggled", "flat is not None and flat._phase == _MADE", "False"
     ),
     "block ignores sync_grad": Edit(
-        "_toggle_optimizer", 'sync = None if sync_grad else getattr(trainer.strategy, "block_backward_sync", None)',
-        "sync = None",
+        "_toggle_optimizer",
+        'sync = None if given["sync_grad"] else getattr(trainer.strategy, "block_backward_sync", None)', "sync = None",
     ),
     "sync never resumed": Edit("Toggle._close", _SYNC_EXIT, "self._sync_exit.pop()"),
-    "a later refused write replaces the first": Edit("_assign", "error = _first(error, e)", "error = e"),
+    "a later refused write replaces the first": Edit("restore", "error = first(error, e)", "error = e", "_writes"),
     "a failing sync exit is called again": Edit(  # retried by the cleanup (the bug before this fix)
         "Toggle._close", _SYNC_EXIT, "self._sync_exit[-1](None, None, None)\nself._sync_exit.pop()"
     ),
+    # the block steps the torch optimizer inside a LightningOptimizer: no precision plugin (16-bit
+    # AMP's loss scaler), no loop hooks, no global step
+    "the block steps around the LightningOptimizer": Edit("Toggle._exit", "optimizer.step()", "self._inner.step()"),
+    "a toggle that cannot complete keeps its writes": Edit(
+        "apply", "quietly(_rollback, module, params, olds, previous)", "pass", "_writes"
+    ),
+    "the fallback's blocks nest": Edit("make_fallback.toggle_optimizer", "id(self) in _OPEN_BLOCKS", "False"),
 }
 
 
@@ -261,7 +266,7 @@ def _function(tree: ast.Module, qualname: str) -> ast.FunctionDef:
 
     visit(tree, "")
     if not found:
-        raise ValueError(f"no function {qualname} in _toggle.py")
+        raise ValueError(f"no function {qualname} in the module")
     return found[-1]
 
 
@@ -320,15 +325,18 @@ def _planted(tree: ast.Module, edit: Edit) -> int:
     return hits
 
 
-def mutated_source_tree(name: str) -> ast.Module:
-    """``_toggle.py``'s syntax tree with the bug ``name`` planted."""
-    from toggleshim import _toggle
+def _source(module: str) -> str:
+    return Path(importlib.import_module(f"toggleshim.{module}").__file__ or "").read_text()
 
-    tree = ast.parse(Path(_toggle.__file__).read_text())
-    hits = _planted(tree, SHIM[name])
+
+def mutated_source_tree(name: str) -> ast.Module:
+    """The syntax tree of the core module ``SHIM[name].module`` with the bug ``name`` planted."""
+    edit = SHIM[name]
+    tree = ast.parse(_source(edit.module))
+    hits = _planted(tree, edit)
     if hits != 1:
         raise ValueError(
-            f"mutant {name!r} matches {hits} places of {SHIM[name].function} in _toggle.py (exactly 1 needed): "
+            f"mutant {name!r} matches {hits} places of {edit.function} in {edit.module}.py (exactly 1 needed): "
             "update toggleshim/testing/mutants.py"
         )
     return ast.fix_missing_locations(tree)
@@ -354,19 +362,38 @@ def _apply_lightning(name: str) -> None:
 
 
 def _apply_shim(name: str) -> None:
+    """Run the core afresh, the bug planted in its module, and make everything use it: each module of
+    :data:`CORE` is executed again (the mutated one from its planted tree) as a new module object, in
+    import order, so that each imports the new ones before it; then every name that another loaded
+    module of toggleshim bound to a function, class or module of the old core is bound to the new one
+    (``from toggleshim._block import Toggle`` in the package, ``_patch``, the harness)."""
     import toggleshim
-    from toggleshim import _patch, _toggle
 
-    tree = mutated_source_tree(name)
-    mutated = types.ModuleType("toggleshim._toggle")
-    mutated.__file__ = _toggle.__file__
-    exec(compile(tree, _toggle.__file__, "exec"), mutated.__dict__)
-    sys.modules["toggleshim._toggle"] = mutated
-    _patch._toggle = mutated  # type: ignore[attr-defined]
-    _patch.Toggle = mutated.Toggle  # type: ignore[attr-defined]
-    _patch._untoggled = mutated._untoggled  # type: ignore[attr-defined]
-    setattr(toggleshim, "Toggle", mutated.Toggle)  # noqa: B010  (mypy: a class cannot be assigned to)
-    setattr(toggleshim, "toggle", mutated.toggle)  # noqa: B010
+    planted = SHIM[name].module
+    old = {m: importlib.import_module(f"toggleshim.{m}") for m in CORE}
+    new: dict[str, types.ModuleType] = {}
+    for m in CORE:
+        path = old[m].__file__ or ""
+        tree = mutated_source_tree(name) if m == planted else ast.parse(_source(m))
+        module = types.ModuleType(f"toggleshim.{m}")
+        module.__file__ = path
+        sys.modules[module.__name__] = module
+        setattr(toggleshim, m, module)
+        exec(compile(tree, path, "exec"), module.__dict__)
+        new[m] = module
+    replaced: dict[int, Any] = {}
+    for m in CORE:
+        replaced[id(old[m])] = new[m]
+        for attr, value in vars(old[m]).items():
+            fresh = getattr(new[m], attr, None)
+            if fresh is not None and fresh is not value and isinstance(value, (type, types.FunctionType)):
+                replaced[id(value)] = fresh
+    for module_name, module in list(sys.modules.items()):
+        if module_name.split(".")[0] != "toggleshim" or module_name.removeprefix("toggleshim.") in CORE:
+            continue
+        for attr, value in list(vars(module).items()):
+            if id(value) in replaced:
+                setattr(module, attr, replaced[id(value)])
     toggleshim.uninstall()
     toggleshim.install()
 

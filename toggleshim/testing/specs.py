@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
+from toggleshim._block import FLAGS
+
 __all__ = [
     "ENTRY_POINTS",
     "FLAT_EXAMPLES",
@@ -142,25 +144,64 @@ ENTRY_POINTS = ("method", "toggle", "Toggle")
 SYNC_FAULTS = ("sync_call", "sync_enter", "sync_exit")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, repr=False)
 class Block:
-    """``with toggle_optimizer(opt[k], zero_grad=, step=, sync_grad=): body``; ``fail`` injects a fault
-    in ``"zero_grad"``, ``"step"`` (before the update), ``"step_after"`` (after the update) or, with
-    ``sync_grad=False``, one of :data:`SYNC_FAULTS`.
-    ``sync_grad=False``: the body runs inside the strategy's ``block_backward_sync()``.
+    """``with toggle_optimizer(opt[k], **flags): body``; ``fail`` injects a fault in ``"zero_grad"``,
+    ``"step"`` (before the update), ``"step_after"`` (after the update) or, with ``sync_grad=False``,
+    one of :data:`SYNC_FAULTS`. ``sync_grad=False``: the body runs inside the strategy's
+    ``block_backward_sync()``.
+
+    The flags are the block's (``toggleshim._block.FLAGS``), given by name (``Block(0, step=False)``)
+    and read as attributes (``op.step``); ``flags`` holds every one of them, in that order.
 
     ``entry``: which of :data:`ENTRY_POINTS` opens the block. ``explicit``: every flag is passed;
     otherwise only the flags that differ from their defaults (so that the defaults of every entry
     point are under test)."""
 
     k: int
-    body: tuple[object, ...] = ()
-    zero_grad: bool = True
-    step: bool = True
-    fail: str | None = None
-    sync_grad: bool = True
-    entry: str = "method"
-    explicit: bool = False
+    body: tuple[object, ...]
+    fail: str | None
+    entry: str
+    explicit: bool
+    flags: tuple[tuple[str, bool], ...]
+
+    def __init__(
+        self,
+        k: int,
+        body: tuple[object, ...] = (),
+        fail: str | None = None,
+        entry: str = "method",
+        explicit: bool = False,
+        flags: tuple[tuple[str, bool], ...] | None = None,
+        **named: bool,
+    ) -> None:
+        given = dict(flags or (), **named)
+        unknown = set(given) - set(FLAGS)
+        if unknown:
+            raise TypeError(f"Block(): no flag {sorted(unknown)}; the block's flags: {list(FLAGS)}")
+        for name, value in (("k", k), ("body", body), ("fail", fail), ("entry", entry), ("explicit", explicit)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "flags", tuple((n, given.get(n, d)) for n, (d, _) in FLAGS.items()))
+
+    def __getattr__(self, name: str) -> bool:  # a flag: op.zero_grad, op.step, op.sync_grad
+        for flag, value in self.__dict__.get("flags", ()):
+            if flag == name:
+                return value  # type: ignore[no-any-return]
+        raise AttributeError(name)
+
+    def changed(self) -> dict[str, bool]:
+        """The flags that differ from their defaults."""
+        return {n: v for n, v in self.flags if v is not FLAGS[n][0]}
+
+    def __repr__(self) -> str:
+        parts = [repr(self.k)]
+        if self.body:
+            parts.append(repr(self.body))
+        parts += [f"{n}={v!r}" for n, v in self.changed().items()]
+        for name, default in (("fail", None), ("entry", "method"), ("explicit", False)):
+            if getattr(self, name) != default:
+                parts.append(f"{name}={getattr(self, name)!r}")
+        return f"Block({', '.join(parts)})"
 
 
 @dataclass(frozen=True)
@@ -383,7 +424,7 @@ def _programs(max_ops: int, nesting: bool, faults: bool, hostile: bool) -> st.Se
         st.builds(Untoggle, k),
         # a value of another type for a flag: the kinds users pass by mistake, and one whose repr is
         # longer than an error message shows
-        st.builds(BadFlag, k, st.sampled_from(["zero_grad", "step", "sync_grad"]),
+        st.builds(BadFlag, k, st.sampled_from(list(FLAGS)),
                   st.sampled_from([1, 0, None, "yes", 1.0, "y" * 100])),
         st.builds(ReplaceRecord, st.sampled_from(["dict", "subclass"])),
     ] if hostile else []
@@ -395,8 +436,8 @@ def _programs(max_ops: int, nesting: bool, faults: bool, hostile: bool) -> st.Se
         return st.lists(inner, max_size=max_ops).map(tuple)
 
     def block(body: st.SearchStrategy[object]) -> st.SearchStrategy[Block]:
-        return st.builds(Block, k, bodies(body), st.booleans(), st.booleans(), fail, st.booleans(),
-                         entry=entry, explicit=st.booleans())
+        return st.builds(Block, k, bodies(body), fail, entry=entry, explicit=st.booleans(),
+                         **{name: st.booleans() for name in FLAGS})
 
     def extend(inner: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
         return st.one_of(block(inner), st.builds(Statement, k, bodies(inner), st.booleans()))
@@ -515,7 +556,8 @@ FLAT_EXAMPLES = (
     # step on the clean exit, gradient sync on), then with every flag passed
     WorldSpec(_TWO, (), _SHARED, (Backward((0, 1)), Block(0, (Backward((0,)),), entry="Toggle"), Backward((0, 1)),
                                   Block(1, (Backward((1,)),), entry="toggle"), Backward((0, 1)),
-                                  Block(0, (Backward((0,)),), False, False, None, False, "Toggle", explicit=True),
+                                  Block(0, (Backward((0,)),), zero_grad=False, step=False, sync_grad=False,
+                                        entry="Toggle", explicit=True),
                                   Block(1, (Backward((1,)),), entry="toggle", explicit=True)), (1,)),
 )
 #: User classes: fine-tuning code that re-freezes parameter 0 after every untoggle (calling super()),
