@@ -95,7 +95,7 @@ import torch
 from torch import nn
 
 import toggleshim
-from toggleshim import _toggle
+from toggleshim import _block, _toggle
 
 try:
     from lightning.pytorch import LightningModule
@@ -487,6 +487,65 @@ def run_ratios(args: argparse.Namespace, report: dict[str, Any]) -> str:
     rows = [(c["params"], c["optimizers"], body, r["block/manual"]["ratio"], c["statement/original"]["ratio"])
             for c in configs for body, r in c["bodies"].items()]
     lines += ["", _verdict(rows)]
+    return "\n".join(lines)
+
+
+# -- section: the double-step watch --------------------------------------------------------------
+
+
+def _without_step_hook(run: Callable[[int], None]) -> Callable[[int], None]:
+    """``run`` with toggleshim's torch post-step hook (the double-step watch) taken out of torch's
+    global hooks for the batch, put back after."""
+    from torch.optim.optimizer import _global_optimizer_post_hooks
+
+    (handle,) = _block._STEP_HOOK
+    key = handle.id
+
+    def unhooked(n: int) -> None:
+        hook = _global_optimizer_post_hooks.pop(key)
+        try:
+            run(n)
+        finally:
+            _global_optimizer_post_hooks[key] = hook
+
+    return unhooked
+
+
+@section("stephook", default=False)
+def run_stephook(args: argparse.Namespace, report: dict[str, Any]) -> str:
+    """What watching for a step inside a block costs: block and manual, with and without the hook."""
+    rows = []
+    for n_params in args.params:
+        for body in (["grad", "none"] if args.body == "both" else [args.body]):
+            fx = make_fixture(n_params, 2, body)
+            check_fixture(fx)
+            variants = {"block": fx.variants["block"], "manual": fx.variants["manual"],
+                        "block, no hook": _without_step_hook(fx.variants["block"]),
+                        "manual, no hook": _without_step_hook(fx.variants["manual"])}
+            timing = time_interleaved(variants, 2, args.rounds, args.min_rounds, args.budget_s,
+                                      args.batch_ms / 1e3, args.gc)
+            rows.append({"params": n_params, "body": body, "timing": timing,
+                         "block/manual": _ratio(timing, "block", "manual"),
+                         "manual/manual, no hook": _ratio(timing, "manual", "manual, no hook"),
+                         "block/block, no hook": _ratio(timing, "block", "block, no hook"),
+                         "block, no hook/manual, no hook": _ratio(timing, "block, no hook", "manual, no hook")})
+            del fx, variants
+            gc.collect()
+    report["stephook"] = rows
+    lines = [
+        "The watch is torch's global post-step hook (registered when a Lightning is patched: it runs at "
+        "every optimizer step, inside a block or not) and the list of open stepping blocks it reads.",
+        "",
+        "| params | opts | body | block µs | manual µs | block/manual | manual / manual without the hook "
+        "| block / block without the hook | the same two without the hook |",
+        "|---:|---:|:---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        t = r["timing"]
+        lines.append(f"| {r['params']:,} | 2 | {r['body']} | {_fmt_us(t, 'block')} | {_fmt_us(t, 'manual')} "
+                     f"| {_fmt_ratio(r['block/manual'])} | {_fmt_ratio(r['manual/manual, no hook'])} "
+                     f"| {_fmt_ratio(r['block/block, no hook'])} "
+                     f"| {_fmt_ratio(r['block, no hook/manual, no hook'])} |")
     return "\n".join(lines)
 
 

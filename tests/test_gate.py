@@ -215,6 +215,66 @@ def test_fallback_block_zero_grads_steps_and_untoggles(flavour: str) -> None:
             pass
 
 
+def test_fallback_block_refuses_a_step_inside_it(flavour: str) -> None:
+    """The fallback block is the same block class as the shim's: a ``step()`` of its optimizer inside
+    a block that steps on exit is refused at the exit (no second step), after Lightning's own
+    untoggle; with ``step=False`` the body's own step is the only one."""
+    with fake_release(flavour, changed=True):
+        module = three_heads(flavour)
+        opt = module.opts[0]
+        steps: list[int] = []
+        opt.register_step_post_hook(lambda *args: steps.append(1))
+        block = module.toggle_optimizer(opt)
+        assert repr(block).startswith("<toggleshim fallback toggle toggled on")
+        with pytest.raises(RuntimeError, match="would step twice"), block:
+            (module.a.weight ** 2).sum().backward()
+            opt.step()
+        assert steps == [1] and all(state(module).values())  # one step; untoggled
+        with module.toggle_optimizer(opt, step=False):
+            (module.a.weight ** 2).sum().backward()
+            opt.step()
+        assert steps == [1, 1] and all(state(module).values())
+
+
+def test_fallback_ctrl_c_at_the_first_line_of_the_exit_closes_the_block(flavour: str) -> None:
+    """An interrupt at the very first line of the fallback block's ``__exit__``, where nothing can
+    catch it: the exit guard closes the block when the ``with`` statement lets go of ``__exit__``,
+    calling that Lightning's own ``untoggle_optimizer`` (there is no other untoggle), once; the module
+    is not kept open (the next block is not refused as a nested one)."""
+    from _hostile import Interrupter
+
+    from toggleshim import _block
+
+    with fake_release(flavour, changed=True):
+        module = three_heads(flavour)
+        opt = module.opts[0]
+        calls: list[Any] = []
+        lightning_untoggle = type(module).untoggle_optimizer
+
+        def counting(self: Any, optimizer: Any) -> None:
+            calls.append(optimizer)
+            lightning_untoggle(self, optimizer)
+
+        module.untoggle_optimizer = counting.__get__(module)
+        exit_code = _block.Toggle._exit.__code__
+
+        class AtExit(Interrupter):
+            def _line(self, frame: Any, event: str, arg: Any) -> Any:
+                if event == "line" and frame.f_code is exit_code and self.raised is None:
+                    self.raised = KeyboardInterrupt("at the first line of __exit__")
+                    raise self.raised
+                return self._line
+
+        with AtExit() as inter, pytest.raises(KeyboardInterrupt) as caught, module.toggle_optimizer(opt):
+            assert not module.b.weight.requires_grad
+        assert caught.value is inter.raised
+        assert calls == [opt] and all(state(module).values())
+        del module.untoggle_optimizer
+        with module.toggle_optimizer(opt, zero_grad=False, step=False):  # no fallback block left open
+            pass
+        assert all(state(module).values())
+
+
 def test_fallback_failing_zero_grad_untoggles(flavour: str) -> None:
     with fake_release(flavour, changed=True):
         module = three_heads(flavour)

@@ -122,10 +122,17 @@ print("loaded by", type(loader).__name__)
 
 
 @pytest.mark.one_flavour_by_default
-def test_lightning_behind_a_delegating_finder_is_patched_and_trains(flavour: str) -> None:
+@pytest.mark.parametrize("how", ["import {flavour}", "importlib.import_module({flavour!r})",
+                                 "importlib.import_module({flavour!r} + '.core.module')"])
+def test_lightning_behind_a_delegating_finder_is_patched_and_trains(flavour: str, how: str) -> None:
+    """Behind a finder that answers first, the audit hook patches the flavour at the next import of a
+    module not loaded yet. Lightning's package imports more modules after its ``core.module``, so this
+    holds however the user's code imports it: an import statement, or ``importlib.import_module``
+    (which raises the audit event only for the modules imported in turn), of the package or of
+    ``core.module`` itself (its package runs first)."""
     name = flavour
     code = textwrap.dedent("""
-        import importlib.machinery, sys, warnings
+        import importlib, importlib.machinery, sys, warnings
         import toggleshim
 
         class Delegating:  # answers for every module itself: toggleshim's hook is never asked
@@ -135,9 +142,11 @@ def test_lightning_behind_a_delegating_finder_is_patched_and_trains(flavour: str
         sys.meta_path.insert(0, Delegating())
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            import {flavour}
+            {how}
         assert not [w for w in caught if issubclass(w.category, toggleshim.ToggleshimWarning)], caught
-    """).format(flavour=name) + _PATCHED.format(flavour=name) + _FIT.format(flavour=name)
+        import {flavour}
+    """).format(flavour=name, how=how.format(flavour=name)) + _PATCHED.format(flavour=name) + _FIT.format(
+        flavour=name)
     proc = _run([sys.executable, "-c", code])
     assert proc.returncode == 0, proc.stderr
     # the delegating finder's loader ran core.module (not toggleshim's): the audit hook patched it

@@ -222,8 +222,9 @@ def test_subclass_with_its_own_toggle_optimizer_is_left_alone(flavour: str) -> N
 def test_signature_and_help_show_the_new_parameters(flavour: str) -> None:
     fn = pl(flavour).LightningModule.toggle_optimizer
     params = inspect.signature(fn).parameters
-    assert list(params)[:4] == ["self", "optimizer", "zero_grad", "step"]
-    assert params["zero_grad"].default is True and params["step"].default is True
+    assert list(params) == ["self", "optimizer", "zero_grad", "step", "sync_grad"]
+    assert all(params[name].default is True and params[name].kind is inspect.Parameter.KEYWORD_ONLY
+               for name in ("zero_grad", "step", "sync_grad"))
     text = pydoc.render_doc(fn, renderer=pydoc.plaintext)
     assert "zero_grad: bool = True" in text and "step: bool = True" in text
     assert "with self.toggle_optimizer" in (fn.__doc__ or "")
@@ -709,6 +710,23 @@ def test_bad_flags_are_rejected(flavour: str) -> None:
     with pytest.raises(TypeError, match="step must be True or False"):
         module.toggle_optimizer(module.opts[0], step="yes")
     assert state(module) == before
+
+
+@pytest.mark.parametrize("entry", ["method", "toggle", "Toggle"])
+def test_an_unknown_flag_or_a_positional_one_is_a_type_error_that_changes_nothing(flavour: str, entry: str) -> None:
+    """A misspelt flag names itself and the block's flags; flags are keywords (a positional ``False``
+    after the optimizer is Python's own TypeError): nothing changes either way."""
+    module = three_heads(flavour)
+    make = {"method": lambda *a, **k: module.toggle_optimizer(*a, **k),
+            "toggle": lambda *a, **k: toggleshim.toggle(module, *a, **k),
+            "Toggle": lambda *a, **k: toggleshim.Toggle(module, *a, **k)}[entry]
+    before, record = state(module), module.__dict__.get("_param_requires_grad_state")
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'zerograd' \(the block's flags: "
+                                        r"zero_grad, step, sync_grad\); nothing was changed"):
+        make(module.opts[0], zerograd=False)
+    with pytest.raises(TypeError, match="positional argument"):
+        make(module.opts[0], False)
+    assert state(module) == before and module.__dict__.get("_param_requires_grad_state") is record
 
 
 def test_failing_strategy_for_sync_grad_false_propagates_and_changes_nothing(flavour: str) -> None:
