@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 from toggleshim import _toggle
-from toggleshim.testing import Block, ShimDriver, Statement, WorldSpec, build_world, worlds
+from toggleshim.testing import FLAT_EXAMPLES, Block, ShimDriver, Statement, WorldSpec, build_world, worlds
 from toggleshim.testing.harness import ManualDriver, _Runner
 
 
@@ -239,6 +240,30 @@ def test_a_refused_write_is_all_or_nothing(flavour: str, spec: WorldSpec, data: 
     with world.module.toggle_optimizer(world.opts[k], zero_grad=False, step=False):
         assert _rg(world) == toggled and len(_open(world)) == 1
     assert _rg(world) == before
+
+
+def test_two_refusals_at_one_exit_the_first_propagates(flavour: str) -> None:
+    """The hand-picked world for the rule the property above draws: two parameters refuse the value
+    the exit must give back (the exit makes every write, then retries once): the first refusal comes
+    out, the very object, and every other parameter is restored."""
+    spec = dataclasses.replace(FLAT_EXAMPLES[1], frozen=(), program=())
+    world = build_world(spec, flavour)
+    assert world.optimizers_spec == [[0, 1], [1, 2, 3]]  # the block over optimizer 0 restores 1, 2, 3
+    before = _rg(world)
+    for j in (2, 3):
+        world.params[j].__class__ = Refusing
+        world.params[j].refuse = True  # type: ignore[attr-defined]
+    Refusing.errors.clear()
+    try:
+        with world.module.toggle_optimizer(world.opts[0], zero_grad=False, step=False):
+            pass
+    except RuntimeError as caught:
+        assert len(Refusing.errors) == 4 and caught is Refusing.errors[0], (caught, Refusing.errors)
+    else:
+        raise AssertionError("the refused writes did not propagate")
+    assert _rg(world)[:2] == before[:2] and not _open(world)
+    for j in (2, 3):
+        world.params[j].refuse = None  # type: ignore[attr-defined]
 
 
 @given(spec=worlds(nesting=False, faults=False, hostile=False), data=st.data())
@@ -466,6 +491,12 @@ def test_a_toggle_is_entered_where_it_is_made(flavour: str, spec: WorldSpec, bet
                 # untoggled: closed (a toggle inside a block) or its record emptied (at the top)
                 expected = ["undone or superseded", *(["already used"] if between == "untoggled" else [])]
                 assert any(e in str(exc) for e in expected) and "nothing was changed" in str(exc), str(exc)
+            if between == "untoggled":
+                # a kept statement toggle (IPython's Out[]) holds nothing of the user's once untoggled,
+                # and says so
+                held = gc.get_referents(t)
+                assert not any(o is module or o in world.opts or isinstance(o, torch.Tensor) for o in held), held
+                assert repr(t) == "<toggleshim.Toggle untoggled (holds nothing)>", repr(t)
             assert _rg(world) == before, "a refused with statement changed requires_grad"
             assert module.__dict__.get("_param_requires_grad_state") is record and _open(world) == stack
         after, opened = _rg(world), _open(world)

@@ -63,11 +63,23 @@ class Mismatch(AssertionError):
 
 
 class _RecordLookalike(dict):  # type: ignore[type-arg]
-    """A dict subclass that says it is a ``dict`` (``__class__``): only ``type()`` tells."""
+    """A dict subclass that says it is a ``dict`` (``__class__``): only ``type()`` tells. Its lookups
+    (``in``, ``[]``) are logged in ``reads``: Lightning's untoggle reads a record through them, and an
+    exit that reads such a record another way (trusting its items) shows in the log."""
+
+    reads: list[Any]
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:
         return dict
+
+    def __contains__(self, key: object) -> bool:
+        self.reads.append(key)
+        return dict.__contains__(self, key)
+
+    def __getitem__(self, key: Any) -> Any:
+        self.reads.append(key)
+        return dict.__getitem__(self, key)
 
 
 # -- building ---------------------------------------------------------------------------------
@@ -266,6 +278,7 @@ class World:
     reached: list[tuple[str, int]] = field(default_factory=list)
     wrapped: tuple[int, ...] = ()
     overrides: Overrides | None = None  # the module's class overrides toggle/untoggle_optimizer
+    record_reads: list[Any] = field(default_factory=list)  # the lookups of a replaced record (_RecordLookalike)
 
     def instrument(self) -> None:
         """Log (and, when armed, fail) every zero_grad/step called on the toggled objects.
@@ -533,6 +546,7 @@ class Snapshot:
     record: tuple[tuple[int, bool], ...] | None
     full: dict[str, Any] | None = None
     sync_blocked: bool | None = None  # the stand-in strategy's gradient sync is blocked (None: no stand-in)
+    record_reads: tuple[int, ...] = ()  # the lookups of a replaced record so far, by parameter
 
 
 @dataclass
@@ -586,7 +600,8 @@ class _Runner:
         record = None if raw is None else tuple((index.get(id(p), -1), v) for p, v in raw.items())
         strategy = w.strategy
         snap = Snapshot(where, rg, tuple(_clone(p.grad) for p in w.params), record,
-                        sync_blocked=None if strategy is None else strategy.blocked > 0)
+                        sync_blocked=None if strategy is None else strategy.blocked > 0,
+                        record_reads=tuple(index.get(id(p), -1) for p in w.record_reads))
         if full:
             snap.full = {
                 "params": [_clone(p) for p in w.params],
@@ -712,7 +727,10 @@ class _Runner:
         elif isinstance(op, ReplaceRecord):
             record = w.module.__dict__.get("_param_requires_grad_state")
             if record is not None:
-                w.module._param_requires_grad_state = (dict if op.how == "dict" else _RecordLookalike)(record)
+                replaced = (dict if op.how == "dict" else _RecordLookalike)(record)
+                if isinstance(replaced, _RecordLookalike):
+                    replaced.reads = w.record_reads
+                w.module._param_requires_grad_state = replaced
                 self.model.replace_record()
             self.point("record replaced")
         else:  # pragma: no cover - specs are closed
@@ -882,6 +900,9 @@ def compare_runs(a: Run, b: Run, world: World | None = None) -> None:
             raise Mismatch(f"at {where}, _param_requires_grad_state differs: {sa.record} vs {sb.record}")
         if sa.sync_blocked != sb.sync_blocked:
             raise Mismatch(f"at {where}, gradient sync is blocked in one world and not in the other")
+        if sa.record_reads != sb.record_reads:
+            raise Mismatch(f"at {where}, a replaced record was read otherwise than Lightning's untoggle reads it "
+                           f"(lookups by parameter: {sa.record_reads} vs {sb.record_reads})")
         for i, (ga, gb) in enumerate(zip(sa.grads, sb.grads)):
             if not _bitwise(ga, gb):
                 what = "None" if ga is None else "a tensor"
