@@ -113,6 +113,9 @@ assert toggleshim.is_installed()
 assert vars(cls)["toggle_optimizer"].__module__ == "toggleshim._block", vars(cls)["toggle_optimizer"]
 assert _patch._original_of(vars(cls)["toggle_optimizer"]) is not None
 assert _patch._original_of(vars(cls)["untoggle_optimizer"]) is not None
+from toggleshim import _spawn
+import colorsys  # a module not loaded yet: behind another finder, its import registers the Trainer
+assert _spawn.registered(sys.modules["{flavour}"].Trainer)  # spawned ranks import toggleshim
 loader = sys.modules["{flavour}.core.module"].__spec__.loader
 print("loaded by", type(loader).__name__)
 """

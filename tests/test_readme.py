@@ -25,13 +25,28 @@ def test_readme_is_at_most_200_lines() -> None:
     assert len(README.splitlines()) <= 200
 
 
+def _anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a document's headings (lowercased; punctuation but ``-`` and ``_``
+    dropped; spaces become ``-``)."""
+    return {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+            for title in re.findall(r"^#+ (.*)$", markdown, re.MULTILINE)}
+
+
 def test_readme_links_and_paths_exist() -> None:
     links = [t for t in re.findall(r"\]\(([^)\s]+)\)", README) if not re.match(r"[a-z]+://|#", t)]
     paths = [m.group(1) for m in REPO_PATH.finditer(README)]
     for text in (*links, *paths):
         for path in text.split():
+            path, _, anchor = path.partition("#")
             assert (ROOT / path).exists(), f"README names {path}, which does not exist"
+            if anchor:
+                assert anchor in _anchors((ROOT / path).read_text()), f"README names {path}#{anchor}: no such heading"
     assert links and paths
+
+
+def test_the_anchor_rule_is_githubs() -> None:
+    assert _anchors("## Spawned processes (`strategy=\"ddp_spawn\"`)\n### The module's own methods") == {
+        "spawned-processes-strategyddp_spawn", "the-modules-own-methods"}
 
 
 def test_readme_test_command_is_what_ci_runs() -> None:

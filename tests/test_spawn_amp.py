@@ -8,11 +8,12 @@ must be Lightning's statement sequence bit for bit, the scale history included. 
 closest a CPU gets to CUDA AMP.
 
 Spawn: ``strategy="ddp_spawn"`` on two CPU processes (``_spawn_script.py``, a subprocess), block vs
-Lightning's sequence on every rank. Then where ``import toggleshim`` must sit: spawned children
-re-run only the top level of the main script (as ``__mp_main__``; not at all for a package's
-``__main__.py`` run with ``python -m``) and import the module defining the LightningModule (to
-unpickle it). An import inside ``main()`` never runs in them. Each case is a user's script in a
-fresh process.
+Lightning's sequence on every rank. Then where ``import toggleshim`` may sit: spawned children re-run
+only the top level of the main script (as ``__mp_main__``; not at all for a package's
+``__main__.py`` run with ``python -m``), so an import inside ``main()`` never runs in them by
+itself; the Trainer they unpickle imports toggleshim first (``toggleshim/_spawn.py``), so every place
+works, but for a subclass of Trainer (the documented limit). Each case is a user's script in a fresh
+process.
 """
 
 from __future__ import annotations
@@ -341,9 +342,9 @@ def _assert_children_fail_at_the_with(proc: subprocess.CompletedProcess[str]) ->
     assert "trained:" not in proc.stdout
 
 
-def test_spawn_import_inside_main_fails_in_the_children(tmp_path: Path) -> None:
-    # The README's example in one file, `import toggleshim` inside main(): the parent is patched, but
-    # each child re-runs only the top level of train.py, so its Lightning is not.
+def test_spawn_import_inside_main_works_in_the_children(tmp_path: Path) -> None:
+    # The README's example in one file, `import toggleshim` inside main(): each child re-runs only the
+    # top level of train.py, but the Trainer it unpickles imports toggleshim first
     _files(tmp_path, {"train.py": GAN_SRC + "\n\n" + FIT_SRC + """
 
 def main():
@@ -357,7 +358,25 @@ if __name__ == "__main__":
 """})
     proc = _run_user(tmp_path, "train.py")
     assert "parent patched: True" in proc.stdout.splitlines()
-    _assert_children_fail_at_the_with(proc)
+    _assert_trained(proc)
+
+
+def test_spawn_import_inside_main_with_a_trainer_subclass_fails_in_the_children(tmp_path: Path) -> None:
+    # The documented limit: multiprocessing finds a reduction by the exact class, and a subclass of
+    # Trainer is the user's: the child never imports toggleshim, and the `with` fails as without it
+    subclass = "import {flavour} as pl\n\n\nclass MyTrainer(pl.Trainer):\n    pass\n\n\n"
+    subclassed = subclass + FIT_SRC.replace("pl.Trainer(", "MyTrainer(")
+    _files(tmp_path, {"train.py": GAN_SRC + "\n\n" + subclassed + """
+
+def main():
+    import toggleshim
+    fit(GAN)
+
+
+if __name__ == "__main__":
+    main()
+"""})
+    _assert_children_fail_at_the_with(_run_user(tmp_path, "train.py"))
 
 
 def test_spawn_import_at_top_of_module_defining_the_lightningmodule_works(tmp_path: Path) -> None:
@@ -399,10 +418,10 @@ if __name__ == "__main__":
     _assert_trained(_run_user(tmp_path, "train.py"))
 
 
-def test_spawn_import_at_top_of_package_main_fails_under_python_m(tmp_path: Path) -> None:
+def test_spawn_import_at_top_of_package_main_works_under_python_m(tmp_path: Path) -> None:
     # `python -m app` runs app/__main__.py, which multiprocessing never re-runs in a child
-    # (spawn.py: "__main__.py files for packages ... run their 'main only' code unconditionally"),
-    # so a top-level import there reaches the parent only.
+    # (spawn.py: "__main__.py files for packages ... run their 'main only' code unconditionally"):
+    # the Trainer the child unpickles imports toggleshim
     _files(tmp_path, {
         "app/__init__.py": "",
         "app/gan.py": GAN_SRC,
@@ -412,4 +431,27 @@ if __name__ == "__main__":
     fit(GAN)
 """,
     })
-    _assert_children_fail_at_the_with(_run_user(tmp_path, "-m", "app"))
+    _assert_trained(_run_user(tmp_path, "-m", "app"))
+
+
+def test_only_multiprocessing_pickles_a_trainer_through_toggleshim() -> None:
+    """The Trainer's reduction is registered with multiprocessing's pickler alone: ``pickle`` (and so
+    ``torch.save``, ``copy.deepcopy``) makes of a Trainer what it makes without toggleshim; a pickle for
+    a spawned process names toggleshim; ``uninstall()`` takes that back and ``install()`` gives it."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    import toggleshim
+
+    pl = importlib.import_module(RULE_FLAVOUR)
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    assert b"toggleshim" not in pickle.dumps(trainer)
+    assert b"toggleshim._spawn" in bytes(ForkingPickler.dumps(trainer))
+    assert type(pickle.loads(bytes(ForkingPickler.dumps(trainer)))) is pl.Trainer
+    try:
+        toggleshim.uninstall()
+        assert b"toggleshim" not in bytes(ForkingPickler.dumps(trainer))
+    finally:
+        toggleshim.install()
+    assert b"toggleshim._spawn" in bytes(ForkingPickler.dumps(trainer))
+

@@ -31,6 +31,11 @@ class Flavour:
         return f"{self.name}.core.optimizer"
 
     @property
+    def trainer_module(self) -> str:
+        """Where ``Trainer`` lives (toggleshim hands it to spawned processes: ``_spawn.py``)."""
+        return f"{self.name}.trainer.trainer"
+
+    @property
     def top(self) -> str:
         """The top-level package a ``LightningModule`` subclass's module name starts with."""
         return self.name.split(".")[0]

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, NamedTuple
 
-from toggleshim import _block
+from toggleshim import _block, _spawn
 from toggleshim._block import _STEP_HOOK, FLAGS, Toggle, _untoggled, _watch_steps, make_fallback
 from toggleshim._fingerprint import fingerprint_function
 from toggleshim._flavours import FLAVOURS, Flavour
@@ -93,7 +93,10 @@ def _flavours() -> list[_Flavour]:
     return [f for f in (_loaded(k) for k in FLAVOURS) if f is not None]
 
 
-_HOOKED = frozenset(CORE_MODULES)
+_TRAINER_MODULES = tuple(f.trainer_module for f in FLAVOURS)
+# the modules whose import the hooks wait for: a flavour's core.module (the patch), its Trainer's
+# (handed to spawned processes through toggleshim, _spawn.py)
+_HOOKED = frozenset((*CORE_MODULES, *_TRAINER_MODULES))
 # "<flavour>.core.module" -> that module object, once install() (or a hook) has judged its flavour:
 # the audit hook acts only on a core.module nobody judged yet (imported behind another finder)
 _judged: dict[str, Any] = {}
@@ -245,14 +248,19 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
             if module is not None and _judged.get(key) is not module:
                 _backstop()
                 return
+        for key in _TRAINER_MODULES:
+            trainer_cls = getattr(sys.modules.get(key), "Trainer", None)
+            if trainer_cls is not None and not _spawn.registered(trainer_cls):
+                _backstop()
+                return
 
 
 def _backstop() -> None:
     if not _backstop_lock.acquire(blocking=False):
         return  # our own imports (importlib.metadata, torch._dynamo) re-enter here; or another thread is at it
     try:
-        if _armed[0] and any(_loaded(k) is not None and _judged.get(k.core_module) is not
-                             sys.modules.get(k.core_module) for k in FLAVOURS):
+        if _armed[0] and (any(_loaded(k) is not None and _judged.get(k.core_module) is not
+                              sys.modules.get(k.core_module) for k in FLAVOURS) or _unregistered()):
             # from here: this, _audit, the import statement (3); one frame down
             _judge_on_import(_hook_trust(), stacklevel=4)
     except Exception as error:  # nothing may leave an audit hook: it would fail the import it runs in
@@ -266,6 +274,12 @@ def _backstop() -> None:
 if not globals().get("_audit_added"):
     sys.addaudithook(_audit)
     _audit_added = True
+
+
+def _unregistered() -> list[type]:
+    """Each flavour's ``Trainer`` loaded and not yet handed to spawned processes through toggleshim."""
+    found = (getattr(sys.modules.get(key), "Trainer", None) for key in _TRAINER_MODULES)
+    return [cls for cls in found if isinstance(cls, type) and not _spawn.registered(cls)]
 
 
 def _core(fn: Any) -> Any:
@@ -502,8 +516,8 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> d
         for hook in hooks:
             sys.meta_path.remove(hook)
         sys.meta_path.insert(0, _ImportHook(trust_unknown))
-    for key in CORE_MODULES:
-        _judged[key] = sys.modules.get(key)
+    for k in FLAVOURS:  # judged once its classes exist (a core.module still running is judged later)
+        _judged[k.core_module] = sys.modules.get(k.core_module) if _loaded(k) is not None else None
     flavours = _flavours()
     if flavours:
         _mark_for_dynamo()  # toggleshim's code, for torch.compile: Lightning has loaded torch by now
@@ -545,6 +559,8 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> d
             continue
         for name, make in (("toggle_optimizer", _make_toggle), ("untoggle_optimizer", _make_untoggle)):
             setattr(flavour.module_cls, name, make(originals[name]))
+    for trainer_cls in _unregistered():  # spawned ranks import toggleshim (_spawn.py)
+        _spawn.register(trainer_cls)
     return verdicts
 
 
@@ -552,6 +568,7 @@ def uninstall() -> None:
     """Put back the exact original function objects on every flavour (a no-op where not installed)."""
     _armed[0] = False
     _pending.clear()  # about what toggleshim did, undone now: install() judges afresh
+    _spawn.unregister()
     for hook in _hooks():
         sys.meta_path.remove(hook)
     for flavour in _flavours():
