@@ -799,10 +799,13 @@ def _alive(refs: list[weakref.ref[Any]], kinds: dict[str, int]) -> dict[str, int
 def _holds(t: Any) -> tuple[dict[str, str], list[str]]:
     """Slots of a Toggle that hold an object (not None, not a flag or its phase, an int), and its
     referents that could hold a parameter."""
+    def flags(v: Any) -> bool:  # the block's flags: a dict of bools, nothing of the user's
+        return isinstance(v, dict) and all(isinstance(x, bool) for x in v.values())
+
     slots = {s: getattr(t, s, None) for s in type(t).__slots__}
-    held = {k: type(v).__name__ for k, v in slots.items() if v is not None and not isinstance(v, int)}
+    held = {k: type(v).__name__ for k, v in slots.items() if v is not None and not isinstance(v, int) and not flags(v)}
     referents = [type(r).__name__ for r in gc.get_referents(t)
-                 if isinstance(r, (torch.Tensor, nn.Module, torch.optim.Optimizer, dict, tuple, list))]
+                 if isinstance(r, (torch.Tensor, nn.Module, torch.optim.Optimizer, dict, tuple, list)) and not flags(r)]
     return held, referents
 
 
