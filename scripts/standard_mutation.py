@@ -1,6 +1,7 @@
-"""A standard mutation score: cosmic-ray (PyPI) over the toggle, with the property suite as the test.
+"""A standard mutation score: cosmic-ray (PyPI) over the core, with the property suite as the test.
 
     python scripts/standard_mutation.py                      # every mutant of toggleshim/_toggle.py
+    python scripts/standard_mutation.py --module toggleshim/_block.py   # (or _writes.py: the core's three)
     python scripts/standard_mutation.py --sample 80 --seed 1 # a uniform random sample of them
     python scripts/standard_mutation.py --module toggleshim/_patch.py
     python scripts/standard_mutation.py --compare 24 --seed 5 # the fork server against fresh processes
@@ -15,8 +16,8 @@ which the same hands chose as the tests: cosmic-ray's operators mutate every com
 constant, loop and exception handler of the module. The committed tree (``git archive HEAD``) is
 copied to a temporary directory, where each mutant is written to the file and the test command runs:
 ``pytest`` over ``property_tests/test_equivalence.py``, ``test_stateful.py``, ``test_hostile.py``,
-``test_fallback.py`` (first for ``_fallback.py``) and ``test_install.py``, ``-x``, profile ``mutants``
-(derandomized, no shrinking), one flavour.
+``test_fallback.py`` and ``test_install.py``, ``-x``, profile ``mutants`` (derandomized, no
+shrinking), one flavour.
 
 The runner (``--runner``): ``fork`` (the default) runs each mutant's pytest in a child forked from
 ``scripts/mutation_forkserver.py``, a server that imported torch once (~8 s less per mutant); the
@@ -26,9 +27,9 @@ test command cosmic-ray runs and times out is that server's client. ``fresh`` is
 two verdicts and times, and fails if any verdict differs.
 
 Excluded as equivalent by construction, in a module under ``from __future__ import annotations``:
-``core/ReplaceBinaryOperator_BitOr_*`` (every ``|`` of ``_toggle.py`` and ``_fallback.py`` is in an
-annotation, ``X | None``, never evaluated there; ``_patch.py`` evaluates its annotations, so there
-they run). Needs cosmic-ray: ``pip install -c constraints/tools.txt -e ".[mutation]"`` (pinned
+``core/ReplaceBinaryOperator_BitOr_*`` (every ``|`` of ``_toggle.py``, ``_block.py`` and
+``_writes.py`` is in an annotation, ``X | None``, never evaluated there; ``_patch.py`` evaluates its
+annotations, so there they run). Needs cosmic-ray: ``pip install -c constraints/tools.txt -e ".[mutation]"`` (pinned
 there). Prints the counts, the score (killed / (killed + survived)), the time per mutant and each
 survivor's diff; ``--keep DIR`` keeps the session (``cr-report DIR/session.sqlite --show-diff``).
 ``--lines 376,667`` runs only the mutants that start on those lines of the module, ``--rev REV`` a
@@ -79,12 +80,9 @@ def _bin(name: str) -> str:
 
 
 def tests_for(module: str) -> list[str]:
-    """The test files; for ``_fallback.py`` the fallback property first (``-x`` stops at the first
-    failure, so a killed mutant costs less). Not for ``_patch.py``: the fallback property uninstalls
-    and reinstalls the shim once Lightning is imported, which would mask a broken import hook from
-    the tests after it (a mutant that installs no hook survived so)."""
-    if module.endswith("_fallback.py"):
-        return ["property_tests/test_fallback.py", *(t for t in TESTS if not t.endswith("test_fallback.py"))]
+    """The test files, in this order for every module (the fallback property goes after the shim's:
+    for ``_patch.py`` it uninstalls and reinstalls the shim once Lightning is imported, which would
+    mask a broken import hook from the tests after it; a mutant that installs no hook survived so)."""
     return TESTS
 
 
