@@ -30,7 +30,7 @@ from types import MethodType, TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, cast
 
 from toggleshim import _toggle
-from toggleshim._ours import FALLBACK_MARK, describe, overrides, route
+from toggleshim._ours import describe, overrides, route
 from toggleshim._toggle import _keep_dynamo_out, _Made, _state_if_any, _unwrap, same
 from toggleshim._writes import first, quietly, surely
 
@@ -475,7 +475,6 @@ def make_fallback(original_toggle: Callable[..., Any], label: str) -> Callable[.
         original_toggle(self, optimizer)
         return _block(self, optimizer, given, sync, None, label)
 
-    setattr(toggle_optimizer, FALLBACK_MARK, label)
     return toggle_optimizer
 
 

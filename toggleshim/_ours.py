@@ -1,4 +1,4 @@
-"""What is toggleshim's, and the pieces every other module shares. Imports no torch, nothing of ours.
+"""What is toggleshim's, and the pieces every other module shares. Imports no torch; of toggleshim, the registry.
 
 * **One rule for "ours"**: a function toggleshim installed carries a weak reference to itself
   (``_toggleshim_self``) and the original it replaced (``_toggleshim_original``). Only the object its
@@ -19,7 +19,6 @@ from typing import Any
 from toggleshim._flavours import FLAVOURS
 
 __all__ = [
-    "FALLBACK_MARK",
     "MODE",
     "ORIGINAL",
     "SELF",
@@ -34,8 +33,6 @@ __all__ = [
 ORIGINAL = "_toggleshim_original"  # on a method of ours: the function it replaced
 SELF = "_toggleshim_self"  # on a method of ours: a weak reference to itself
 MODE = "_toggleshim_mode"  # on our toggle_optimizer: "shim" (verified code) or "fallback"
-#: marks a fallback ``toggle_optimizer`` (the value: the Lightning it runs, for messages)
-FALLBACK_MARK = "_toggleshim_fallback"
 
 #: Where each flavour defines ``LightningModule``: its own methods live there.
 CORE_MODULES = tuple(f.core_module for f in FLAVOURS)
@@ -73,12 +70,12 @@ def overrides(module: Any, name: str) -> bool:
 def route(module: Any) -> Callable[..., Any] | None:
     """The fallback ``toggle_optimizer`` installed on ``module``'s Lightning flavour, if that flavour's
     toggle code is unverified, else None (then the shim's own toggle is exact there). A subclass's
-    own ``toggle_optimizer`` is skipped: the flavour's class decides."""
+    own ``toggle_optimizer`` is skipped: the first of toggleshim's methods up the class's MRO (the
+    flavour's ``LightningModule``) decides, by the mode it was installed with."""
     for cls in type(module).__mro__:
         fn = vars(cls).get("toggle_optimizer")
-        fn = getattr(fn, "__wrapped__", fn) if not hasattr(fn, FALLBACK_MARK) else fn
-        if hasattr(fn, FALLBACK_MARK):
-            return fn
+        if original_of(fn) is not None:
+            return fn if getattr(fn, MODE, None) == "fallback" else None
     return None
 
 

@@ -467,7 +467,7 @@ def _make_fallback(flavour: _Flavour, name: str | None = None) -> Callable[..., 
 
 
 def _warning_first(fallback: Callable[..., Any], name: str) -> Callable[..., Any]:
-    # functools.wraps copies the fallback's mark, so that toggleshim.toggle() routes through this too
+    # installed (and so marked "fallback") in the fallback's place: toggleshim.toggle() routes through it too
     @functools.wraps(fallback)
     def toggle_optimizer(self: Any, optimizer: Any, **flags: bool) -> Any:
         if name in _pending:

@@ -484,7 +484,7 @@ class ManualDriver:
         """Lightning's own methods, even while the shim is installed."""
         module_cls = _flavour_module(flavour).LightningModule
         fns = [vars(module_cls)[n] for n in ("toggle_optimizer", "untoggle_optimizer")]
-        fns = [getattr(f, "_toggleshim_original", f) for f in fns]
+        fns = [original_of(f) or f for f in fns]
         return cls(fns[0], fns[1])
 
     def _methods(self, world: World) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
