@@ -144,6 +144,7 @@ class Toggle(Generic[_OptT]):
         self._check_enterable()
         made, flags = self._made, self._flags
         try:
+            self._phase = _OPEN  # first: from here on, leaving untoggles (the module's own toggle too)
             if self._label is not None:  # the fallback: Lightning's own nested toggles are not exact
                 _OPEN_BLOCKS[id(self._module)] = self
             if flags["step"]:
@@ -152,7 +153,6 @@ class Toggle(Generic[_OptT]):
                 _STEPPING.append(self)
             if _LOOKED_UP:
                 _watch_class_exit(self)
-            self._phase = _OPEN
             if made is not None:
                 # the toggle is the block's from here on (one made while a statement toggle was open
                 # nests inside it: _Flat.nested); held first, so that leaving undoes what it opens
@@ -211,20 +211,17 @@ class Toggle(Generic[_OptT]):
                 return False  # never replace an exception in flight
             raise RuntimeError("this toggle's block is not open")
         try:
-            try:
-                if exc_type is None and self._flags["step"]:
-                    if self._stepped:
-                        raise _double_step(optimizer)
-                    optimizer.step()  # type: ignore[attr-defined]
-            except BaseException:
-                quietly(self._leave, retry=False)  # step's error propagates, not one of the untoggle's
-                raise
-            if exc_type is None:
-                self._leave()
-            else:
-                quietly(self._leave, retry=False)  # the body's exception propagates unchanged
-        finally:
-            self._optimizer = None
+            if exc_type is None and self._flags["step"]:
+                if self._stepped:
+                    raise _double_step(optimizer)
+                optimizer.step()  # type: ignore[attr-defined]
+        except BaseException:
+            quietly(self._leave, retry=False)  # step's error propagates, not one of the untoggle's
+            raise
+        if exc_type is None:
+            self._leave()
+        else:
+            quietly(self._leave, retry=False)  # the body's exception propagates unchanged
         return False  # never swallow
 
     def _leave(self) -> None:
@@ -297,7 +294,7 @@ class Toggle(Generic[_OptT]):
         if error is not None:
             raise error
         self._phase = _CLOSED
-        self._module = self._inner = self._made = self._sync = self._guard = None
+        self._module = self._optimizer = self._inner = self._made = self._sync = self._guard = None
 
     def _exit_dropped(self, ref: weakref.ref[Any]) -> None:
         # The with statement let go of its __exit__ while the block was open (an interrupt at the first

@@ -163,7 +163,7 @@ SHIM: dict[str, Edit] = {
         "if True:\n    self._optimizer.zero_grad()",
     ),
     "exceptions swallowed": Edit(
-        "Toggle._exit", "self._optimizer = None", "self._optimizer = None\nreturn exc_type is not None"
+        "Toggle._exit", _LEAVE_ON_ERROR + "return False", _LEAVE_ON_ERROR + "return exc_type is not None"
     ),
     "no untoggle on exception": _changing(
         "Toggle._exit", _LEAVE_ON_ERROR, "quietly(self._leave, retry=False)", "self._guard = None"
