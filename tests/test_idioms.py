@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import pickle
@@ -166,6 +167,52 @@ def test_a_block_inside_lightnings_toggled_optimizer_nests(flavour: str) -> None
         contexts[-1].__enter__()
 
     _nested_inside(flavour, open_outer, lambda m, o: contexts[-1].__exit__(None, None, None))
+
+
+@pytest.mark.parametrize("outer", ["toggled_optimizer", "statement toggle"])
+def test_a_block_inside_an_outer_toggle_trains_as_a_block_inside_a_block_in_trainer_fit(
+    flavour: str, outer: str
+) -> None:
+    """A code base in the middle of a migration: the generator's block sits inside Lightning's
+    ``toggled_optimizer`` over the discriminator (or an open statement toggle). The two share no
+    parameter, so Lightning's flat toggle would leave the generator frozen and its backward fail
+    ("element 0 of tensors does not require grad"); the block nests as inside a block: the generator
+    trains, bit for bit as with a block around it, and everything is trainable again after."""
+    pl = M.flavour_module(flavour)
+    if outer == "toggled_optimizer" and not hasattr(pl.LightningModule, "toggled_optimizer"):
+        pytest.skip("this Lightning has no toggled_optimizer (added in 2.5.1)")
+
+    class Mixed(M.gan_class(pl)):  # type: ignore[misc]
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            x, z = batch
+            g_opt, d_opt = self.optimizers()
+            if self.style == "block":  # the reference: a block inside a block
+                context: Any = self.toggle_optimizer(d_opt, zero_grad=False, step=False)
+            elif outer == "toggled_optimizer":
+                context = self.toggled_optimizer(d_opt)
+            else:
+                context = contextlib.nullcontext(self.toggle_optimizer(d_opt))
+            with context:
+                d_opt.zero_grad()
+                self.manual_backward(self.d_loss(x, z))
+                d_opt.step()
+                with self.toggle_optimizer(g_opt):
+                    self.inside.append(all(p.requires_grad for p in self.generator.parameters())
+                                       and not any(p.requires_grad for p in self.discriminator.parameters()))
+                    self.manual_backward(self.g_loss(z))
+            if self.style != "block" and outer == "statement toggle":
+                self.untoggle_optimizer(d_opt)
+
+    runs = {}
+    for style in ("block", "mixed"):
+        torch.manual_seed(0)
+        model = Mixed(style=style)
+        model.inside = []
+        pl.Trainer(max_epochs=1, **M.TRAINER_DEFAULTS).fit(model, M.loader(16, 4))
+        assert model.inside == [True] * 4
+        assert all(p.requires_grad for p in model.parameters())
+        runs[style] = [p.detach().clone() for p in model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(runs["block"], runs["mixed"]))
 
 
 def test_a_statement_toggle_inside_a_statement_toggle_stays_lightnings(flavour: str) -> None:
