@@ -7,6 +7,7 @@ model runs beside the real module; invariants are checked after every step.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -20,6 +21,7 @@ from test_hostile import Interrupter
 
 import toggleshim  # noqa: F401
 from toggleshim import _toggle
+from toggleshim._block import FLAGS
 from toggleshim.testing import InjectedFault, ToggleModel, WorldSpec, build_world, installed_flavours, worlds
 from toggleshim.testing.model import expected_calls, expected_sync, lightning_toggle
 from toggleshim.testing.specs import SYNC_FAULTS
@@ -260,8 +262,7 @@ class ToggleMachine(RuleBasedStateMachine):
         self.world.module.untoggle_optimizer(self.world.opts[k])
         self.model.untoggle(k)
 
-    @rule(data=st.data(), flag=st.sampled_from(["zero_grad", "step", "sync_grad"]),
-          value=st.sampled_from([1, 0, None, "yes"]))
+    @rule(data=st.data(), flag=st.sampled_from(list(FLAGS)), value=st.sampled_from([1, 0, None, "yes"]))
     def bad_flag(self, data: st.DataObject, flag: str, value: object) -> None:
         """A flag that is not a bool: a TypeError naming it, and nothing changes (the invariants)."""
         try:
@@ -270,6 +271,27 @@ class ToggleMachine(RuleBasedStateMachine):
             assert f"{flag} must be True or False" in str(exc)
         else:
             raise AssertionError(f"{flag}={value!r} was accepted")
+
+    @rule(generation=st.sampled_from([0, 1, 2]))
+    def collect(self, generation: int) -> None:
+        """A garbage collection, as the training loop's may run between any two lines: a full one
+        empties toggleshim's cache of the module (the layout it holds keeps every parameter and
+        optimizer of the last toggle alive: after ``gc.collect()`` only the user's references may), a
+        younger one keeps it; either way the next toggle is as exact as ever (the invariants)."""
+        state = _toggle._state_if_any(self.world.module)
+        automatic = gc.isenabled()
+        gc.disable()  # no collection of the interpreter's own between the look and the collection
+        try:
+            cached = None if state is None else (state.layout, dict(state.plans))
+            gc.collect(generation)
+        finally:
+            if automatic:
+                gc.enable()
+        if state is not None and cached is not None:
+            if generation == 2:
+                assert state.layout is None and not state.plans, "a full collection left the cache"
+            else:
+                assert state.layout is cached[0] and state.plans == cached[1], "a young collection dropped the cache"
 
     @rule(data=st.data())
     def statement_toggle(self, data: st.DataObject) -> None:

@@ -30,8 +30,9 @@ from types import MethodType, TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, cast
 
 from toggleshim import _toggle
+from toggleshim._compile import keep_dynamo_out
 from toggleshim._ours import describe, overrides, route
-from toggleshim._toggle import _keep_dynamo_out, _Made, _state_if_any, _unwrap, same
+from toggleshim._toggle import _Made, _state_if_any, _unwrap, same
 from toggleshim._writes import first, quietly, surely
 
 if TYPE_CHECKING:
@@ -545,4 +546,4 @@ def _double_step(optimizer: Any) -> RuntimeError:
     )
 
 
-_keep_dynamo_out(globals())
+keep_dynamo_out(globals())

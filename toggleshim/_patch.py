@@ -39,13 +39,13 @@ from typing import Any, NamedTuple
 
 from toggleshim import _block, _spawn
 from toggleshim._block import _STEP_HOOK, FLAGS, Toggle, _untoggled, _watch_steps, make_fallback
+from toggleshim._compile import keep_dynamo_out, mark_for_dynamo
 from toggleshim._fingerprint import fingerprint_function
 from toggleshim._flavours import FLAVOURS, Flavour
 from toggleshim._known import KNOWN
 from toggleshim._ours import CORE_MODULES, mark, original_of
 from toggleshim._ours import MODE as _MODE
 from toggleshim._ours import ORIGINAL as _SENTINEL  # noqa: F401  (tests read it here)
-from toggleshim._toggle import _keep_dynamo_out, _mark_for_dynamo
 
 __all__ = ["ToggleshimWarning", "install", "is_installed", "uninstall"]
 
@@ -520,7 +520,7 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> d
         _judged[k.core_module] = sys.modules.get(k.core_module) if _loaded(k) is not None else None
     flavours = _flavours()
     if flavours:
-        _mark_for_dynamo()  # toggleshim's code, for torch.compile: Lightning has loaded torch by now
+        mark_for_dynamo()  # toggleshim's code, for torch.compile: Lightning has loaded torch by now
         if not _STEP_HOOK:
             _watch_steps()  # torch's step hook, so that a block never spends its first entry on it
     verdicts: dict[str, Verdict] = {}
@@ -636,4 +636,4 @@ def _trusting() -> Iterator[dict[str, Verdict]]:
         _pending.update(pending)
         if hooked:
             sys.meta_path.insert(0, _ImportHook())
-_keep_dynamo_out(globals())
+keep_dynamo_out(globals())

@@ -33,8 +33,8 @@ from operator import attrgetter, is_, itemgetter
 from typing import Any
 
 from toggleshim import _writes
+from toggleshim._compile import keep_dynamo_out
 from toggleshim._flavours import FLAVOURS
-from toggleshim._ours import CORE_MODULES as _CORE_MODULES
 from toggleshim._ours import describe as _describe
 from toggleshim._writes import MISSING, RECORD, apply, first, put_record, restore
 
@@ -372,7 +372,7 @@ class _Made:
         only toggleshim's bookkeeping. Idempotent."""
         raise NotImplementedError
 
-    def close(self, write: bool = True) -> None:
+    def close(self, write: bool) -> None:
         """:meth:`undo` (``write=False``: :meth:`forget`) this toggle alone, once more if interrupted or
         failed partway, then let go of everything."""
         if self.done:
@@ -413,13 +413,6 @@ class _Made:
         del stack[at:]
         if error is not None:
             raise error
-
-    def __repr__(self) -> str:
-        kind = type(self).__name__[1:].lower()
-        if self.done:
-            return f"<toggleshim {kind} toggle, undone>"
-        what = "a block's" if self.entered else "a statement toggle"
-        return f"<toggleshim {kind} toggle of {type(self.optimizer).__name__}: {what}>"
 
 
 class _Flat(_Made):
@@ -649,56 +642,5 @@ def same(a: Any, b: Any) -> bool:
     return a is b or _unwrap(a) is _unwrap(b)
 
 
-# Namespaces whose code is handed to dynamo once a Lightning flavour is loaded (_keep_dynamo_out).
-_DYNAMO_PENDING: list[dict[str, Any]] = []
-
-
-def _keep_dynamo_out(namespace: dict[str, Any], now: bool = False) -> None:
-    """Have torch.compile run our code eagerly instead of tracing it (at no cost outside compile).
-
-    Traced, the toggle's bookkeeping becomes dynamo guards that can break compilation; ``skip_code``
-    makes dynamo graph-break at our calls, as Lightning's newest source does with
-    ``torch.compiler.disable`` on its own toggle (whose wrapper costs ~3 us a call).
-
-    While no Lightning flavour is loaded, the namespace waits in ``_DYNAMO_PENDING``: importing torch's
-    dynamo costs seconds (``import toggleshim`` before Lightning, the CLI), and no block runs before a
-    Lightning is loaded; ``_patch`` hands the waiting ones over (:func:`_mark_for_dynamo`) whenever it
-    installs, from the import of a flavour on, Lightning having loaded torch by then.
-    """
-    if not now and not any(name in sys.modules for name in _CORE_MODULES):
-        _DYNAMO_PENDING.append(namespace)
-        return
-    try:
-        from torch._dynamo.eval_frame import skip_code
-    except Exception:  # pragma: no cover - a torch without dynamo
-        return
-    file = namespace["__file__"]
-
-    def codes(code: Any) -> Any:
-        yield code
-        for const in code.co_consts:
-            if hasattr(const, "co_code"):
-                yield from codes(const)
-
-    for value in list(namespace.values()):
-        members = vars(value).values() if isinstance(value, type) else (value,)
-        for member in members:
-            parts = (member.fget, member.fset, member.fdel) if isinstance(member, property) else (member,)
-            for part in parts:
-                fn = getattr(part, "__func__", part)
-                fn = getattr(fn, "__wrapped__", fn)  # under functools.wraps (a contextmanager): ours
-                code = getattr(fn, "__code__", None)
-                # by file, not __module__: a wrapper made elsewhere (contextlib's, for one) says ours
-                if getattr(code, "co_filename", None) == file:
-                    for inner in codes(code):
-                        skip_code(inner)
-
-
-def _mark_for_dynamo() -> None:
-    """Hand every waiting namespace to dynamo (a Lightning flavour is loaded)."""
-    while _DYNAMO_PENDING:
-        _keep_dynamo_out(_DYNAMO_PENDING.pop(), now=True)
-
-
-_keep_dynamo_out(globals())
-_keep_dynamo_out(vars(_writes))  # every requires_grad write is made there
+keep_dynamo_out(globals())
+keep_dynamo_out(vars(_writes))  # every requires_grad write is made there

@@ -592,4 +592,12 @@ NESTED_EXAMPLES = (
     # a block stepped inside a block over the same optimizer (the outer refuses its second step) whose
     # no-sync exit then fails: the refusal, raised first, comes out
     WorldSpec(_TWO, (), _SHARED, (Block(0, (Block(0, sync_grad=False),), fail="sync_exit", sync_grad=False),), (0,)),
+    # a statement toggle's record edited before a block inside it: replaced (it is no longer the
+    # statement's: the block is Lightning's flat toggle), a key deleted or replaced (in number or in
+    # identity: every recorded parameter shows what it recorded)
+    WorldSpec(_TWO, (), _SHARED, (Statement(0, (ReplaceRecord("dict"), Block(1, (Backward((1,)),)))),)),
+    WorldSpec(_TWO, (), _SHARED, (Statement(0, (EditRecord(0, "delete"), Block(1, (Backward((1,)),)))),)),
+    WorldSpec(_TWO, (), _SHARED, (Statement(0, (EditRecord(3, "delete"), SetRequiresGrad(1, False),
+                                                Block(1, (Backward((1,)),)))),)),
+    WorldSpec(_TWO, (), _SHARED, (Statement(1, (EditRecord(0, "replace"), Block(0, (Backward((0,)),)))),)),
 )
