@@ -574,6 +574,10 @@ USER_CLASS_EXAMPLES = (
               (Block(0, (Backward((0,)),), entry="toggle"), Statement(1, (Block(0, entry="toggle"),))),
               overrides=Overrides(toggle="none", untoggle="super", toggle_sets=((1, False),),
                                   untoggle_sets=((0, False),))),
+    # a stray untoggle of the block's own optimizer inside it (flat, then nested): the user's untoggle
+    # is called there and again at the exit; the stray one is never the block's exit
+    WorldSpec(_TWO, (), _SHARED, (Block(0, (Untoggle(0), Backward((0,)))), Block(0, (Block(1, (Untoggle(1),)),))),
+              overrides=Overrides(untoggle="super", untoggle_sets=((2, True),))),
 )
 #: Nested worlds: a block inside a block, a statement toggle left open inside a block, a block inside
 #: a statement toggle (the statement's optimizer shares a parameter with the block's; one the
