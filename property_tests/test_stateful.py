@@ -21,9 +21,8 @@ from test_hostile import Interrupter
 
 import toggleshim  # noqa: F401
 from toggleshim import _toggle
-from toggleshim._block import FLAGS
 from toggleshim.testing import InjectedFault, ToggleModel, WorldSpec, build_world, installed_flavours, worlds
-from toggleshim.testing.model import expected_calls, expected_sync, lightning_toggle
+from toggleshim.testing.model import FLAG_DEFAULTS, expected_calls, expected_sync, lightning_toggle
 from toggleshim.testing.specs import SYNC_FAULTS
 
 
@@ -262,7 +261,7 @@ class ToggleMachine(RuleBasedStateMachine):
         self.world.module.untoggle_optimizer(self.world.opts[k])
         self.model.untoggle(k)
 
-    @rule(data=st.data(), flag=st.sampled_from(list(FLAGS)), value=st.sampled_from([1, 0, None, "yes"]))
+    @rule(data=st.data(), flag=st.sampled_from(list(FLAG_DEFAULTS)), value=st.sampled_from([1, 0, None, "yes"]))
     def bad_flag(self, data: st.DataObject, flag: str, value: object) -> None:
         """A flag that is not a bool: a TypeError naming it, and nothing changes (the invariants)."""
         try:

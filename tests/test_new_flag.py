@@ -1,17 +1,17 @@
 """A new block flag touches at most three files of the package: shown by adding one.
 
 A copy of the package gets a flag ``set_to_none`` (``False``: the block's ``zero_grad()`` zeroes the
-gradients instead of setting them to None) by editing two files: ``_block.py`` (its declaration, its
-help and what the block does with it) and ``testing/harness.py`` (what Lightning's manual sequence
-does with it, the reference the harness compares the block with). The reference model needs nothing
-here (it counts optimizer calls, not their arguments); a flag that changes what happens to
-``requires_grad`` would be a third file, ``testing/model.py``. Everything else reads the flag from
-``_block.FLAGS``: the patched method's signature and help, every entry point, the flag check, the
-gate (a Lightning method with a parameter of that name is refused), the harness's drawn blocks.
+gradients instead of setting them to None) by editing three files: ``_block.py`` (its declaration,
+its help and what the block does with it), ``testing/model.py`` (its documented default: the
+harness takes the defaults from the model, not from the code under test) and ``testing/harness.py``
+(what Lightning's manual sequence does with it, the reference the harness compares the block with).
+Everything else reads the flag from ``_block.FLAGS`` or the model: the patched method's signature
+and help, every entry point, the flag check, the gate (a Lightning method with a parameter of that
+name is refused), the harness's drawn blocks.
 
 Then, in a fresh process on the copy: the flag is in the signature and the help, a bad value is a
 ``TypeError`` naming it, the harness draws it both ways and proves the block equal to the manual
-sequence with it; and with only the first file edited, the harness finds the difference."""
+sequence with it; and with the manual sequence left as it was, the harness finds the difference."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ EDITS: dict[str, list[tuple[str, str]]] = {
                                   '    "sync_grad": (True,'),
         ("                self._optimizer.zero_grad()  # type: ignore[union-attr]",
          '                self._optimizer.zero_grad(set_to_none=flags["set_to_none"])  # type: ignore[union-attr]'),
+    ],
+    "testing/model.py": [
+        ('{"zero_grad": True, "step": True, "sync_grad": True}',
+         '{"zero_grad": True, "step": True, "sync_grad": True, "set_to_none": True}'),
     ],
     "testing/harness.py": [
         ("                if op.zero_grad:\n                    opt.zero_grad()\n",
@@ -112,5 +116,5 @@ def test_a_new_block_flag_touches_at_most_three_package_files(tmp_path: Path) ->
 
 def test_the_harness_finds_a_new_flag_that_the_manual_sequence_ignores(tmp_path: Path) -> None:
     """The control: the block honours the flag, the harness's manual sequence does not: a mismatch."""
-    out = _check(_copy(tmp_path / "half", ["_block.py"]))
+    out = _check(_copy(tmp_path / "half", ["_block.py", "testing/model.py"]))
     assert out[0].startswith("mismatch:") and out[1] == "refused", out

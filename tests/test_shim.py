@@ -225,6 +225,12 @@ def test_signature_and_help_show_the_new_parameters(flavour: str) -> None:
     assert list(params) == ["self", "optimizer", "zero_grad", "step", "sync_grad"]
     assert all(params[name].default is True and params[name].kind is inspect.Parameter.KEYWORD_ONLY
                for name in ("zero_grad", "step", "sync_grad"))
+    # the documented defaults, which the harness takes from the model, are the code's
+    from toggleshim._block import FLAGS
+    from toggleshim.testing.model import FLAG_DEFAULTS
+
+    assert {name: default for name, (default, _) in FLAGS.items()} == FLAG_DEFAULTS
+    assert {name: params[name].default for name in FLAGS} == FLAG_DEFAULTS
     text = pydoc.render_doc(fn, renderer=pydoc.plaintext)
     assert "zero_grad: bool = True" in text and "step: bool = True" in text
     assert "with self.toggle_optimizer" in (fn.__doc__ or "")

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from toggleshim.testing.specs import Overrides
 
 __all__ = [
+    "FLAG_DEFAULTS",
     "Frame",
     "ToggleModel",
     "expected_calls",
@@ -30,6 +31,10 @@ __all__ = [
 ]
 
 Optimizers = list[list[int]]
+
+#: The block's flags and their documented defaults (README, "Semantics"), written here and not taken
+#: from the code under test: a default changed there is then a difference the harness sees.
+FLAG_DEFAULTS: dict[str, bool] = {"zero_grad": True, "step": True, "sync_grad": True}
 
 
 def lightning_toggle(

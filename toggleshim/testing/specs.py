@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from toggleshim._block import FLAGS
+from toggleshim.testing.model import FLAG_DEFAULTS
 
 __all__ = [
     "ENTRY_POINTS",
@@ -151,7 +151,7 @@ class Block:
     one of :data:`SYNC_FAULTS`. ``sync_grad=False``: the body runs inside the strategy's
     ``block_backward_sync()``.
 
-    The flags are the block's (``toggleshim._block.FLAGS``), given by name (``Block(0, step=False)``)
+    The flags are the model's (``model.FLAG_DEFAULTS``), given by name (``Block(0, step=False)``)
     and read as attributes (``op.step``); ``flags`` holds every one of them, in that order.
 
     ``entry``: which of :data:`ENTRY_POINTS` opens the block. ``explicit``: every flag is passed;
@@ -176,12 +176,12 @@ class Block:
         **named: bool,
     ) -> None:
         given = dict(flags or (), **named)
-        unknown = set(given) - set(FLAGS)
+        unknown = set(given) - set(FLAG_DEFAULTS)
         if unknown:
-            raise TypeError(f"Block(): no flag {sorted(unknown)}; the block's flags: {list(FLAGS)}")
+            raise TypeError(f"Block(): no flag {sorted(unknown)}; the block's flags: {list(FLAG_DEFAULTS)}")
         for name, value in (("k", k), ("body", body), ("fail", fail), ("entry", entry), ("explicit", explicit)):
             object.__setattr__(self, name, value)
-        object.__setattr__(self, "flags", tuple((n, given.get(n, d)) for n, (d, _) in FLAGS.items()))
+        object.__setattr__(self, "flags", tuple((n, given.get(n, d)) for n, d in FLAG_DEFAULTS.items()))
 
     def __getattr__(self, name: str) -> bool:  # a flag: op.zero_grad, op.step, op.sync_grad
         for flag, value in self.__dict__.get("flags", ()):
@@ -191,7 +191,7 @@ class Block:
 
     def changed(self) -> dict[str, bool]:
         """The flags that differ from their defaults."""
-        return {n: v for n, v in self.flags if v is not FLAGS[n][0]}
+        return {n: v for n, v in self.flags if v is not FLAG_DEFAULTS[n]}
 
     def __repr__(self) -> str:
         parts = [repr(self.k)]
@@ -424,7 +424,7 @@ def _programs(max_ops: int, nesting: bool, faults: bool, hostile: bool) -> st.Se
         st.builds(Untoggle, k),
         # a value of another type for a flag: the kinds users pass by mistake, and one whose repr is
         # longer than an error message shows
-        st.builds(BadFlag, k, st.sampled_from(list(FLAGS)),
+        st.builds(BadFlag, k, st.sampled_from(list(FLAG_DEFAULTS)),
                   st.sampled_from([1, 0, None, "yes", 1.0, "y" * 100])),
         st.builds(ReplaceRecord, st.sampled_from(["dict", "subclass"])),
     ] if hostile else []
@@ -437,7 +437,7 @@ def _programs(max_ops: int, nesting: bool, faults: bool, hostile: bool) -> st.Se
 
     def block(body: st.SearchStrategy[object]) -> st.SearchStrategy[Block]:
         return st.builds(Block, k, bodies(body), fail, entry=entry, explicit=st.booleans(),
-                         **{name: st.booleans() for name in FLAGS})
+                         **{name: st.booleans() for name in FLAG_DEFAULTS})
 
     def extend(inner: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
         return st.one_of(block(inner), st.builds(Statement, k, bodies(inner), st.booleans()))
