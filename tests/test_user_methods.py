@@ -191,3 +191,54 @@ def test_an_override_returning_none_is_not_a_with_target_but_toggle_works(flavou
     trainer = M.flavour_module(flavour).Trainer(max_epochs=1, **M.TRAINER_DEFAULTS)
     with pytest.raises(TypeError, match="context manager"):
         trainer.fit(model)
+
+
+# -- an override that raises ---------------------------------------------------------------------
+
+
+def _raising(flavour: str, calls_super: bool) -> Any:
+    """A module (three heads, stand-in trainer) whose ``untoggle_optimizer`` raises, after its
+    ``super()`` call or without one."""
+    from tests._fixtures import three_heads
+
+    module = three_heads(flavour)
+    err = RuntimeError("the override's own")
+
+    class Raising(type(module)):  # type: ignore[misc]
+        def untoggle_optimizer(self, optimizer: Any) -> None:
+            if calls_super:
+                super().untoggle_optimizer(optimizer)
+            raise err
+
+    module.__class__ = Raising
+    return module, err
+
+
+@pytest.mark.parametrize("calls_super", [True, False], ids=["after super()", "without super()"])
+def test_an_untoggle_override_that_raises_propagates_and_closes_the_block(flavour: str, calls_super: bool) -> None:
+    """Its error propagates after a clean body (the very object), the body's error after a failing
+    body; either way the block is closed: the next block is a flat one, Lightning's toggle exactly,
+    and nothing of toggleshim's is left open. With ``super()`` the parameters are restored; without,
+    they stay as the override left them (toggleshim writes nothing)."""
+    from tests._fixtures import state
+    from toggleshim import _toggle
+
+    module, err = _raising(flavour, calls_super)
+    before = state(module)
+    with pytest.raises(RuntimeError) as info, module.toggle_optimizer(module.opts[0], zero_grad=False, step=False):
+        assert not module.b.weight.requires_grad
+    assert info.value is err
+    body = ValueError("the body's own")
+    with pytest.raises(ValueError) as caught, module.toggle_optimizer(module.opts[0], zero_grad=False, step=False):
+        raise body
+    assert caught.value is body
+    s = _toggle._state_if_any(module)
+    assert s is not None and not s.stack, "a block stayed open"
+    assert (state(module) == before) is calls_super  # without super(), b stays frozen: the override's say
+    module.b.weight.requires_grad_(True)
+    module.b.bias.requires_grad_(True)
+    block = module.toggle_optimizer(module.opts[1], zero_grad=False, step=False)
+    assert len(s.stack) == 0 and type(block._made) is _toggle._Flat  # a flat toggle: Lightning's own
+    assert not module.a.weight.requires_grad and module.b.weight.requires_grad
+    with pytest.raises(RuntimeError), block:
+        pass
