@@ -614,6 +614,22 @@ def test_bad_optimizer_messages_never_fail(flavour: str, bad: Any) -> None:
     assert state(m) == before and not open_toggles(m)
 
 
+def test_a_stranger_is_described_when_the_module_cannot_name_its_parameters(flavour: str) -> None:
+    """The name in the message is a courtesy: a module whose ``named_parameters`` fails still gets the
+    clear ValueError (the stranger described by its shape), and nothing changes."""
+    m = three_heads(flavour)
+    stranger = torch.optim.SGD([torch.nn.Parameter(torch.ones(3, 5))], lr=0.1)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a module that cannot list its parameters")
+
+    m.named_parameters = broken
+    before = {n: p.requires_grad for n, p in type(m).named_parameters(m)}
+    with pytest.raises(ValueError, match=r"an unnamed parameter of shape \(3, 5\)"):
+        m.toggle_optimizer(stranger)
+    assert {n: p.requires_grad for n, p in type(m).named_parameters(m)} == before
+
+
 def test_a_trainer_optimizer_holding_a_non_tensor_is_named(flavour: str) -> None:
     m = three_heads(flavour)
     m.opts[1].param_groups[0]["params"].append(7)
