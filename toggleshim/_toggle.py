@@ -326,7 +326,7 @@ class _Made:
                  "vals")
 
     module: Any
-    state: _ModuleState | None
+    state: _ModuleState  # kept once undone: the stack is there
     optimizer: Any  # as passed: a LightningOptimizer or a torch optimizer
     inner: Any  # the torch optimizer in it
     plan: _Plan | None
@@ -398,7 +398,7 @@ class _Made:
     def unwind(self, write: bool = True) -> None:
         """:meth:`close` this toggle and every toggle still open above it on the stack, innermost
         first; one that fails does not stop the others (the first error propagates after)."""
-        stack = self.state.stack if self.state is not None else []
+        stack = self.state.stack
         if stack and stack[-1] is self:  # the innermost, as usual
             self.close(write)
             stack.pop()
@@ -426,14 +426,12 @@ class _Flat(_Made):
     outer: tuple[Any, frozenset[int], tuple[bool, ...]] | None
 
     def owned_by(self, block: Any) -> None:
-        assert self.state is not None
         self.state.flat = _ref(block)
 
     def for_block(self) -> _Made:
         return self.nested() if self.outer is not None else self
 
     def open(self) -> None:
-        assert self.state is not None
         self.entered = True
         self.state.stack.append(self)
 
@@ -470,7 +468,6 @@ class _Flat(_Made):
         module.__dict__[RECORD] = {}
 
     def forget(self) -> None:
-        assert self.state is not None
         self.state.flat_record = 0  # the record left behind is no open statement toggle
 
     def let_go(self) -> None:
@@ -515,7 +512,7 @@ class _Nested(_Made):
         self.block = _ref(block)
 
     def enterable(self) -> bool:
-        stack = self.state.stack if self.state is not None else []
+        stack = self.state.stack
         return _Made.enterable(self) and bool(stack) and stack[-1] is self
 
     def open(self) -> None:
@@ -542,7 +539,7 @@ class _Nested(_Made):
         statement's record is the one open, and only the parameters of this toggle's optimizer whose
         view differs from what the call left are written (what an override of ``toggle_optimizer``
         did after ``super()`` stays)."""
-        assert self.state is not None and self.plan is not None and self.statement is not None
+        assert self.plan is not None and self.statement is not None
         assert self.managed is not None and self.vals is not None and self.entry is not None
         module, state = self.module, self.state
         state.flat_record, state.flat_own = id(self.prev_record), self.statement  # the statement is the one open
