@@ -14,10 +14,7 @@ Two layers:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from toggleshim.testing.specs import Overrides
+from typing import Protocol
 
 __all__ = [
     "FLAG_DEFAULTS",
@@ -31,6 +28,20 @@ __all__ = [
 ]
 
 Optimizers = list[list[int]]
+
+
+class Overrides(Protocol):
+    """What the model reads of a class's overrides (``specs.Overrides`` draws them; the model does
+    not import the specs, which take the flags' defaults from here)."""
+
+    @property
+    def toggle(self) -> str | None: ...
+    @property
+    def untoggle(self) -> str | None: ...
+    @property
+    def toggle_sets(self) -> tuple[tuple[int, bool], ...]: ...
+    @property
+    def untoggle_sets(self) -> tuple[tuple[int, bool], ...]: ...
 
 #: The block's flags and their documented defaults (README, "Semantics"), written here and not taken
 #: from the code under test: a default changed there is then a difference the harness sees.
