@@ -84,8 +84,10 @@ def apply(
 
 
 def _rollback(module: Any, params: Sequence[Any], olds: Iterable[bool], previous: Any) -> None:
-    restore(params, olds)
-    put_record(module, previous)
+    try:
+        restore(params, olds)
+    finally:  # a parameter refusing its old value back never keeps the new record
+        put_record(module, previous)
 
 
 def surely(fn: Callable[..., None], *args: Any) -> None:
