@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from test_hostile import Interrupter
 
 import toggleshim  # noqa: F401
-from toggleshim import _toggle
+from toggleshim import _block, _toggle
 from toggleshim.testing import InjectedFault, ToggleModel, WorldSpec, build_world, installed_flavours, worlds
 from toggleshim.testing.model import FLAG_DEFAULTS, expected_calls, expected_sync, lightning_toggle
 from toggleshim.testing.specs import SYNC_FAULTS
@@ -488,6 +488,15 @@ class ToggleMachine(RuleBasedStateMachine):
         assert strategy.global_step == self.steps_through_wrappers
         steps = [k for name, k in self.world.reached if name == "step" and k in self.world.wrapped]
         assert strategy.hooks == [(hook, k) for k in steps for hook in ("before_step", "after_step")]
+
+    @invariant()
+    def one_step_watch_with_torch_holding_open_blocks_only(self) -> None:
+        from torch.optim import optimizer as torch_optimizer
+
+        ours = [h for h in torch_optimizer._global_optimizer_post_hooks.values() if h is _block._note_step]
+        assert len(ours) <= 1, f"toggleshim's step watch is registered with torch {len(ours)} times"
+        closed = [t for t in _block._STEPPING if t._phase not in (_block._OPEN, _block._LEFT)]
+        assert closed == [], f"the step watch holds blocks no longer open: {closed}"
 
     def teardown(self) -> None:
         while getattr(self, "blocks", None):  # leave no block open on the module

@@ -22,7 +22,6 @@ The flags are declared once, in :class:`Flags` and :data:`FLAGS`; everything els
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -36,10 +35,7 @@ from toggleshim._toggle import _Made, _state_if_any, _unwrap, same
 from toggleshim._writes import first, quietly, surely
 
 if TYPE_CHECKING:
-    if sys.version_info >= (3, 11):
-        from typing import Unpack
-    else:
-        from typing_extensions import Unpack
+    from typing_extensions import Unpack  # typing's own from Python 3.11; mypy brings this one
 
 __all__ = ["FLAGS", "Flags", "Toggle", "toggle"]
 
@@ -295,6 +291,8 @@ class Toggle(Generic[_OptT]):
         if error is not None:
             raise error
         self._phase = _CLOSED
+        if self._guard is not None:
+            _GUARDS.discard(self._guard)
         self._module = self._optimizer = self._inner = self._made = self._sync = self._guard = None
 
     def _exit_dropped(self, ref: weakref.ref[Any]) -> None:
@@ -302,6 +300,7 @@ class Toggle(Generic[_OptT]):
         # line of __exit__, where nothing can catch it): the block is closed now. A toggle of the
         # module's own is untoggled by its own method (there is no other); toggleshim's by its exact
         # untoggle (no user code from a weak reference's callback).
+        _GUARDS.discard(ref)
         if self._guard is not ref or self._phase not in (_OPEN, _LEFT):
             return
         try:
@@ -357,7 +356,7 @@ class _ExitGuard:
             return __exit__
         exit_fn = MethodType(Toggle._exit, toggle)
         if toggle._phase == _MADE:  # the with statement about to enter; once open, no other getattr counts
-            toggle._guard = weakref.ref(exit_fn, toggle._exit_dropped)
+            _guard(toggle, exit_fn)
         return exit_fn
 
 
@@ -371,7 +370,22 @@ def _watch_class_exit(toggle: Toggle[Any]) -> None:
     ident, ref = _LOOKED_UP.pop()
     exit_fn = ref()
     if exit_fn is not None and ident == threading.get_ident() and toggle._guard is None:
-        toggle._guard = weakref.ref(exit_fn, toggle._exit_dropped)
+        _guard(toggle, exit_fn)
+
+
+# The watches of the open blocks' __exit__ (see _ExitGuard): held here, not only by their block. A
+# weak reference's callback runs only if the reference itself outlives what it watches; where the
+# exit, its block and the block's watch are garbage together (an ExitStack's frame, in the traceback
+# of an interrupt at the first line of the exit it called, is a reference cycle), the garbage
+# collector would free the block unclosed. From here, the watch outlives the exit and closes the
+# block. It holds the block as long as the exit lives (and the exit holds the block, so: no longer).
+_GUARDS: set[weakref.ref[Any]] = set()
+
+
+def _guard(toggle: Toggle[Any], exit_fn: Any) -> None:
+    watch = weakref.ref(exit_fn, toggle._exit_dropped)
+    _GUARDS.add(watch)  # first: a watch not yet the block's only discards itself (_exit_dropped)
+    toggle._guard = watch
 
 
 if not TYPE_CHECKING:

@@ -13,6 +13,7 @@ import contextlib
 import copy
 import functools
 import importlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -445,8 +446,23 @@ class ShimDriver:
         else:
             toggled = module.toggle_optimizer(opt, **flags)
         after_toggle()
-        with toggled:
-            body()
+        _says(toggled, "toggled")
+        entered = False  # (a toggle never entered stays toggled, as a statement toggle)
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(toggled if op.way == "ExitStack" else _WithStatement(toggled))
+                entered = True
+                _says(toggled, "open")
+                body()
+        except BaseException:
+            # Closed as the exception leaves the with statement; not yet with ExitStack's own exit
+            # interrupted at its first line: the stack's frame, in the traceback, holds that exit
+            # until the exception is let go of (docs/guarantees.md, "Every way into a block")
+            if entered and op.way == "with":
+                _says(toggled, "closed")
+            raise
+        if entered:
+            _says(toggled, "closed")
 
     def toggle(self, world: World, k: int) -> None:
         world.module.toggle_optimizer(world.opts[k])
@@ -468,6 +484,45 @@ class ShimDriver:
                 raise Mismatch(f"toggle_optimizer({op.flag}={op.value!r}): a TypeError not naming it: {exc}") from exc
             return
         raise Mismatch(f"toggle_optimizer({op.flag}={op.value!r}) did not refuse the value")
+
+
+class _WithStatement:
+    """``with toggled:`` itself, for an ``ExitStack`` to hold: ``__enter__`` and ``__exit__`` looked up
+    as the ``with`` statement looks them up (the class's descriptor, bound to the object: not
+    ``ExitStack``'s plain class attribute) and let go of as it lets go of them."""
+
+    def __init__(self, toggled: Any) -> None:
+        self.exit = _special(toggled, "__exit__")  # first, as the with statement does
+        self.enter = _special(toggled, "__enter__")
+
+    def __enter__(self) -> Any:
+        return self.__dict__.pop("enter")()
+
+    def __exit__(self, *exc: Any) -> Any:
+        # no name holds it by the call's end (a Ctrl-C in the exit then closes the block at once)
+        return self.__dict__.pop("exit")(*exc)
+
+
+def _special(obj: Any, name: str) -> Any:
+    """``obj``'s special method as the interpreter looks it up (``_PyObject_LookupSpecial``)."""
+    for cls in type(obj).__mro__:
+        if name in cls.__dict__:
+            return cls.__dict__[name].__get__(obj, type(obj))
+    raise AttributeError(name)
+
+
+_STATUS = {"toggled": "toggled", "open": "open", "closed": "closed (holds nothing)"}
+
+
+def _says(toggled: Any, status: str) -> None:
+    """The block's repr says what it is (users see it in a debugger, IPython's Out[], a log): made,
+    in its block, or closed and holding nothing."""
+    text = repr(toggled)
+    if status == "closed":
+        if text != "<toggleshim.Toggle closed (holds nothing)>":
+            raise Mismatch(f"a closed block's repr is {text!r}")
+    elif not re.match(rf"<toggleshim(\.Toggle| fallback toggle) {status}[ >]", text):
+        raise Mismatch(f"a block {status} says {text!r}")
 
 
 class ManualDriver:

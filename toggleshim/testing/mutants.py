@@ -246,6 +246,8 @@ SHIM: dict[str, Edit] = {
         "apply", "quietly(_rollback, module, params, olds, previous)", "pass", "_writes"
     ),
     "the fallback's blocks nest": Edit("make_fallback.toggle_optimizer", "id(self) in _OPEN_BLOCKS", "False"),
+    # only the block holds its exit's watch: freed with it in a garbage cycle, the callback never runs
+    "the exit's watch is the block's alone": Edit("_guard", "_GUARDS.add(watch)", "pass"),
 }
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "FLAT_EXAMPLES",
     "NESTED_EXAMPLES",
     "USER_CLASS_EXAMPLES",
+    "WAYS_IN",
     "Backward",
     "BadFlag",
     "Block",
@@ -137,6 +138,10 @@ class Raise:
 #: opt, ...)`` and ``toggleshim.Toggle(module, opt, ...)``.
 ENTRY_POINTS = ("method", "toggle", "Toggle")
 
+#: The ways into a block once made: the ``with`` statement, or ``contextlib.ExitStack.enter_context``
+#: (which looks ``__exit__`` up on the class, and calls it later).
+WAYS_IN = ("with", "ExitStack")
+
 
 #: Faults of the strategy's no-sync context (a block with ``sync_grad=False``, in a world whose
 #: strategy has ``block_backward_sync``): the call fails, its ``__enter__`` fails, or its ``__exit__``
@@ -154,9 +159,9 @@ class Block:
     The flags are the model's (``model.FLAG_DEFAULTS``), given by name (``Block(0, step=False)``)
     and read as attributes (``op.step``); ``flags`` holds every one of them, in that order.
 
-    ``entry``: which of :data:`ENTRY_POINTS` opens the block. ``explicit``: every flag is passed;
-    otherwise only the flags that differ from their defaults (so that the defaults of every entry
-    point are under test)."""
+    ``entry``: which of :data:`ENTRY_POINTS` opens the block, ``way`` which of :data:`WAYS_IN` enters
+    it. ``explicit``: every flag is passed; otherwise only the flags that differ from their defaults
+    (so that the defaults of every entry point are under test)."""
 
     k: int
     body: tuple[object, ...]
@@ -164,6 +169,7 @@ class Block:
     entry: str
     explicit: bool
     flags: tuple[tuple[str, bool], ...]
+    way: str
 
     def __init__(
         self,
@@ -173,13 +179,15 @@ class Block:
         entry: str = "method",
         explicit: bool = False,
         flags: tuple[tuple[str, bool], ...] | None = None,
+        way: str = "with",
         **named: bool,
     ) -> None:
         given = dict(flags or (), **named)
         unknown = set(given) - set(FLAG_DEFAULTS)
         if unknown:
             raise TypeError(f"Block(): no flag {sorted(unknown)}; the block's flags: {list(FLAG_DEFAULTS)}")
-        for name, value in (("k", k), ("body", body), ("fail", fail), ("entry", entry), ("explicit", explicit)):
+        for name, value in (("k", k), ("body", body), ("fail", fail), ("entry", entry), ("explicit", explicit),
+                            ("way", way)):
             object.__setattr__(self, name, value)
         object.__setattr__(self, "flags", tuple((n, given.get(n, d)) for n, d in FLAG_DEFAULTS.items()))
 
@@ -198,7 +206,7 @@ class Block:
         if self.body:
             parts.append(repr(self.body))
         parts += [f"{n}={v!r}" for n, v in self.changed().items()]
-        for name, default in (("fail", None), ("entry", "method"), ("explicit", False)):
+        for name, default in (("fail", None), ("entry", "method"), ("explicit", False), ("way", "with")):
             if getattr(self, name) != default:
                 parts.append(f"{name}={getattr(self, name)!r}")
         return f"Block({', '.join(parts)})"
@@ -431,12 +439,13 @@ def _programs(max_ops: int, nesting: bool, faults: bool, hostile: bool) -> st.Se
     leaf = st.one_of(backward, backward, set_rg, edit_record, *([raise_] if faults else []), *hostile_ops)
     fail = st.sampled_from([None] * 5 + ["zero_grad", "step", "step_after", *SYNC_FAULTS]) if faults else st.none()
     entry = st.sampled_from(ENTRY_POINTS)
+    way = st.sampled_from(["with", *WAYS_IN])  # the with statement most often
 
     def bodies(inner: st.SearchStrategy[object]) -> st.SearchStrategy[tuple[object, ...]]:
         return st.lists(inner, max_size=max_ops).map(tuple)
 
     def block(body: st.SearchStrategy[object]) -> st.SearchStrategy[Block]:
-        return st.builds(Block, k, bodies(body), fail, entry=entry, explicit=st.booleans(),
+        return st.builds(Block, k, bodies(body), fail, entry=entry, explicit=st.booleans(), way=way,
                          **{name: st.booleans() for name in FLAG_DEFAULTS})
 
     def extend(inner: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
