@@ -448,12 +448,21 @@ class ShimDriver:
         after_toggle()
         _says(toggled, "toggled")
         entered = False  # (a toggle never entered stays toggled, as a statement toggle)
+
+        def inside() -> None:
+            nonlocal entered
+            entered = True
+            _says(toggled, "open")
+            body()
+
         try:
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(toggled if op.way == "ExitStack" else _WithStatement(toggled))
-                entered = True
-                _says(toggled, "open")
-                body()
+            if op.way == "ExitStack":  # which looks __exit__ up on the class, and calls it later
+                with contextlib.ExitStack() as stack:
+                    stack.enter_context(toggled)
+                    inside()
+            else:
+                with toggled:
+                    inside()
         except BaseException:
             # Closed as the exception leaves the with statement; not yet with ExitStack's own exit
             # interrupted at its first line: the stack's frame, in the traceback, holds that exit
@@ -484,34 +493,6 @@ class ShimDriver:
                 raise Mismatch(f"toggle_optimizer({op.flag}={op.value!r}): a TypeError not naming it: {exc}") from exc
             return
         raise Mismatch(f"toggle_optimizer({op.flag}={op.value!r}) did not refuse the value")
-
-
-class _WithStatement:
-    """``with toggled:`` itself, for an ``ExitStack`` to hold: ``__enter__`` and ``__exit__`` looked up
-    as the ``with`` statement looks them up (the class's descriptor, bound to the object: not
-    ``ExitStack``'s plain class attribute) and let go of as it lets go of them."""
-
-    def __init__(self, toggled: Any) -> None:
-        self.exit = _special(toggled, "__exit__")  # first, as the with statement does
-        self.enter = _special(toggled, "__enter__")
-
-    def __enter__(self) -> Any:
-        return self.__dict__.pop("enter")()
-
-    def __exit__(self, *exc: Any) -> Any:
-        # no name holds it by the call's end (a Ctrl-C in the exit then closes the block at once)
-        return self.__dict__.pop("exit")(*exc)
-
-
-def _special(obj: Any, name: str) -> Any:
-    """``obj``'s special method as the interpreter looks it up (``_PyObject_LookupSpecial``)."""
-    for cls in type(obj).__mro__:
-        if name in cls.__dict__:
-            return cls.__dict__[name].__get__(obj, type(obj))
-    raise AttributeError(name)
-
-
-_STATUS = {"toggled": "toggled", "open": "open", "closed": "closed (holds nothing)"}
 
 
 def _says(toggled: Any, status: str) -> None:
@@ -820,6 +801,12 @@ class _Runner:
         w, m = self.world, self.model
         frame: _model.Frame | None = None
         completed = False
+        # An enclosing block's fault still to fire (at its step, or its no-sync context's exit) waits
+        # while this block runs, and is armed again after it: one fault slot, one block at a time
+        waiting = (w.fault, w.strategy.fault if w.strategy is not None else None)
+        w.fault = None
+        if w.strategy is not None:
+            w.strategy.fault = None
         # a fault of the no-sync context fires only where there is one (not under a real Trainer on CPU)
         sync_fault = op.fail if op.fail in SYNC_FAULTS and not op.sync_grad and w.strategy is not None else None
 
@@ -866,9 +853,9 @@ class _Runner:
                 w.raised.insert(body_done, exc)
             raise
         finally:
-            w.fault = None
+            w.fault = waiting[0]
             if w.strategy is not None:
-                w.strategy.fault = None
+                w.strategy.fault = waiting[1]
             if frame is not None:
                 m.exit(frame)
                 self.expected.extend(_model.expected_calls(op.k, op.zero_grad, op.step and not refused, completed))

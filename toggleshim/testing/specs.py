@@ -593,6 +593,9 @@ USER_CLASS_EXAMPLES = (
 #: statement left live frozen by the user before the block, which then must see it frozen).
 NESTED_EXAMPLES = (
     WorldSpec(_TWO, (), _SHARED, (Statement(0, (Block(1, (Backward((1,)),)),)),)),
+    # a block whose step fails, around a block that completes: the fault waits for the step it is for
+    # (the harness's one fault slot was cleared by the inner block, and the step ran for real)
+    WorldSpec(_TWO, (), _SHARED, (Block(0, (Block(0, (Block(0, zero_grad=False, step=False),), fail="step"),)),)),
     WorldSpec(_TWO, (), _SHARED,
               (Statement(0, (SetRequiresGrad(1, False), Block(1, (Backward((1,)),)), Backward((0,)))),)),
     # an exception leaves the statement open: the next block nests inside it
