@@ -120,13 +120,25 @@ class ForkServer:
             self.proc.wait()
 
 
+def _in_order(items: Any) -> list[str]:
+    """The job ids of ``items`` in an order fixed by the mutants themselves (position, operator,
+    occurrence), never by their job ids: cosmic-ray draws those at random in each session, so two runs
+    (``--shard 0/2`` and ``1/2``, each its own session) sorting by job id would split the mutants
+    differently, running some twice and others never."""
+    def key(item: Any) -> list[tuple[str, int, int, str, int]]:
+        return [(str(m.module_path), m.start_pos[0], m.start_pos[1], m.operator_name, m.occurrence)
+                for m in item.mutations]
+
+    return [item.job_id for item in sorted(items, key=key)]
+
+
 def _sample(session: Path, n: int, seed: int) -> int:
     """Mark all but ``n`` pending mutants (chosen uniformly with ``seed``) as skipped."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
     with use_db(str(session), WorkDB.Mode.open) as db:
-        pending = sorted(item.job_id for item in db.pending_work_items)
+        pending = _in_order(db.pending_work_items)
         keep = set(random.Random(seed).sample(pending, min(n, len(pending))))
         for job_id in pending:
             if job_id not in keep:
@@ -191,13 +203,13 @@ def _only_survivors(session: Path, module_text: str, survivors: list[tuple[str, 
 
 
 def _shard(session: Path, k: int, n: int) -> int:
-    """Keep the ``k``-th of ``n`` shares of the pending mutants (by job id), so that ``n`` runs, one
-    per core, split a session; skip the rest. How many are left."""
+    """Keep the ``k``-th of ``n`` shares of the pending mutants (in :func:`_in_order`), so that ``n``
+    runs, one per core, split a session; skip the rest. How many are left."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
     with use_db(str(session), WorkDB.Mode.open) as db:
-        pending = sorted(item.job_id for item in db.pending_work_items)
+        pending = _in_order(db.pending_work_items)
         for i, job_id in enumerate(pending):
             if i % n != k:
                 db.set_result(job_id, WorkResult(worker_outcome=WorkerOutcome.SKIPPED, output="other shard"))
