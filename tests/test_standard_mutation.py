@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from standard_mutation import _in_order  # type: ignore[import-not-found]  # noqa: E402
+from standard_mutation import _in_order  # type: ignore[import-not-found]
 
 MUTANTS = [(row, col, op, occ) for row in (3, 17, 40) for col in (4, 12) for op in ("core/AddNot", "core/Eq_Is")
            for occ in (0, 1)]

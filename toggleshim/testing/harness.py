@@ -778,9 +778,14 @@ class _Runner:
         if record:
             index = {id(p): i for i, p in enumerate(w.params)}
             param = list(record)[op.entry % len(record)]
+            absent = [p for p in w.params if not any(p is q for q in record)]
             if op.how == "flip":
                 record[param] = not record[param]
                 m.edit_record(index[id(param)], record[param])
+            elif op.how == "add":
+                if absent:
+                    record[absent[0]] = False
+                    m.edit_record(index[id(absent[0])], False)
             else:
                 del record[param]
                 m.edit_record(index[id(param)], None)

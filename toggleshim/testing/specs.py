@@ -93,7 +93,8 @@ class EditRecord:
 
     ``how``: ``"flip"`` the value of its ``entry``-th key (modulo its length), ``"delete"`` that key, or
     ``"replace"`` it: deleted, and the first parameter absent from the record added as ``False`` (the
-    same length, other keys). Lightning's untoggle restores what the record holds at the untoggle.
+    same length, other keys), or ``"add"`` that parameter as ``False`` (one key more, the others kept).
+    Lightning's untoggle restores what the record holds at the untoggle.
     """
 
     entry: int
@@ -427,7 +428,8 @@ def _programs(max_ops: int, nesting: bool, faults: bool, hostile: bool) -> st.Se
     backward = st.builds(Backward, st.lists(st.integers(0, _MAX_TERMS - 1), max_size=3, unique=True).map(tuple))
     set_rg = st.builds(SetRequiresGrad, st.integers(0, _MAX_PARAMS - 1), st.booleans())
     raise_ = st.builds(Raise, st.sampled_from(["error", "error", "interrupt"]))
-    edit_record = st.builds(EditRecord, st.integers(0, _MAX_PARAMS - 1), st.sampled_from(["flip", "delete", "replace"]))
+    edit_record = st.builds(EditRecord, st.integers(0, _MAX_PARAMS - 1),
+                            st.sampled_from(["flip", "delete", "replace", "add"]))
     hostile_ops = [
         st.builds(Untoggle, k),
         # a value of another type for a flag: the kinds users pass by mistake, and one whose repr is
@@ -568,6 +570,10 @@ FLAT_EXAMPLES = (
                                   Block(0, (Backward((0,)),), zero_grad=False, step=False, sync_grad=False,
                                         entry="Toggle", explicit=True),
                                   Block(1, (Backward((1,)),), entry="toggle", explicit=True)), (1,)),
+    # The record edited inside a block over a LightningOptimizer, after the user froze one of the
+    # block's own parameters: the exit is Lightning's untoggle over the edited record, which restores
+    # the other optimizers' parameters only (the block's own is the torch optimizer inside the wrapper)
+    WorldSpec(_TWO, (), _SHARED, (Block(0, (SetRequiresGrad(0, False), EditRecord(3, "flip"))),), (0,)),
 )
 #: User classes: fine-tuning code that re-freezes parameter 0 after every untoggle (calling super()),
 #: an untoggle of its own (no super(): everything trainable again), a toggle that returns super()'s
@@ -616,4 +622,12 @@ NESTED_EXAMPLES = (
     WorldSpec(_TWO, (), _SHARED, (Statement(0, (EditRecord(3, "delete"), SetRequiresGrad(1, False),
                                                 Block(1, (Backward((1,)),)))),)),
     WorldSpec(_TWO, (), _SHARED, (Statement(1, (EditRecord(0, "replace"), Block(0, (Backward((0,)),)))),)),
+    # a parameter the statement froze (it was frozen before) made trainable by the user, then a block
+    # inside the statement over an optimizer holding it: the block sees what the statement recorded
+    WorldSpec(_TWO, (2,), _SHARED, (Statement(0, (SetRequiresGrad(2, True), Block(1, (Backward((1,)),)))),)),
+    # a key added to a statement toggle's record (a loose parameter's), then the user freezes the
+    # statement's own parameter and a block over the same optimizer starts inside it: a record edited in
+    # number, so the block sees what the statement recorded for it, not its current value
+    WorldSpec(_TWO, (), _LOOSE, (Statement(0, (EditRecord(0, "add"), SetRequiresGrad(0, False),
+                                               Block(0, (Backward((0,)),)))),)),
 )
