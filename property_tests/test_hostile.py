@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from hypothesis import strategies as st
 
 from toggleshim import _toggle
 from toggleshim.testing import FLAT_EXAMPLES, Block, ShimDriver, Statement, WorldSpec, build_world, worlds
-from toggleshim.testing.harness import ManualDriver, _Runner
+from toggleshim.testing.harness import ManualDriver, _Runner, _wrap
 
 
 def _plain(op: object) -> object | None:
@@ -50,25 +51,100 @@ def _open(world: Any) -> list[Any]:
     return [] if state is None else list(state.stack)
 
 
-@given(spec=worlds(nesting=True, faults=False, hostile=False), data=st.data())
-def test_ctrl_c_at_a_drawn_line_leaves_nothing_behind(flavour: str, spec: WorldSpec, data: st.DataObject) -> None:
-    # A block at the top (a statement toggle at the top has no finally, as Lightning's: an interrupt
-    # in its body leaves it toggled, and a block in its body is Lightning's flat nesting)
+def _top_block(spec: WorldSpec) -> tuple[WorldSpec, Block]:
+    """The world with its program cut to its first top-level block, without the user's own changes (a
+    statement toggle at the top has no finally, as Lightning's: an interrupt in its body leaves it
+    toggled, and a block in its body is Lightning's flat nesting)."""
     ops = [_plain(op) for op in spec.program if isinstance(op, Block)]
     assume(ops)
     op = ops[0]
     assert isinstance(op, Block)
-    spec = dataclasses.replace(spec, program=(op,))
+    return dataclasses.replace(spec, program=(op,)), op
 
+
+def _run(op: Block) -> Callable[[Any], None]:
     def run(world: Any) -> None:
         # a backward with nothing to differentiate raises: one more of the block's exit paths
         with contextlib.suppress(Exception):
             _Runner(world, ShimDriver(), check_model=False).op(op)
 
-    counted = build_world(spec, flavour)
+    return run
+
+
+def _count(flavour: str, spec: WorldSpec, op: Block) -> Interrupter:
+    """The lines the block runs (``Interrupter`` counting)."""
     with Interrupter() as counter:
-        run(counted)
+        _run(op)(build_world(spec, flavour))
     assume(counter.lines > 0)
+    return counter
+
+
+def _through_exit_stack(op: object) -> bool:
+    """``op`` is a block entered through ``contextlib.ExitStack``, or holds one."""
+    return isinstance(op, (Block, Statement)) and (
+        getattr(op, "way", None) == "ExitStack" or any(_through_exit_stack(o) for o in op.body))
+
+
+class _Interrupted:
+    """Runs the block of a world interrupted by an ``Interrupter``, then checks that it left nothing
+    behind: the interrupt propagated, the very object; ``requires_grad`` and the record are the state
+    before, or exactly Lightning's toggle's (interrupted right after it: the user's untoggle gives the
+    state before back); nothing is open; gradient sync is back on and balanced; the next block, over
+    ``j``, is a flat one, exactly Lightning's toggle."""
+
+    def __init__(self, flavour: str, spec: WorldSpec, op: Block, j: int) -> None:
+        self.flavour, self.spec, self.op, self.j = flavour, spec, op, j
+        twin = build_world(spec, flavour)
+        ManualDriver.for_flavour(flavour).toggle(twin, op.k)
+        self.toggled, self.toggled_record = _rg(twin), _record(twin)  # Lightning's, interrupted after its toggle
+        expected = build_world(spec, flavour)
+        ManualDriver.for_flavour(flavour).toggle(expected, j)
+        self.next_block = _rg(expected)
+
+    def check(self, inter: Interrupter) -> None:
+        op, toggled = self.op, self.toggled
+        world = build_world(self.spec, self.flavour)
+        before = _rg(world)
+        with inter:
+            try:
+                _run(op)(world)
+            except KeyboardInterrupt as caught:
+                assert caught is inter.raised, "another exception came out than the interrupt"
+            else:
+                raise AssertionError(f"the interrupt at line {inter.k or inter.site} did not propagate")
+        where = inter.where
+        if _through_exit_stack(op):
+            # the interrupt handled and let go of: the stack's frame in its traceback held the exit it
+            # was calling (the with statement's way is closed at once: the harness checks it there). A
+            # block entered through ExitStack inside a with statement's block: the outer exit undid
+            # its toggle, and its no-sync context is left once the traceback is let go of
+            assert inter.raised is not None
+            inter.raised.__traceback__ = None
+            inter.raised = None
+            gc.collect()
+        after = _rg(world)
+        none = [None] * len(world.params)
+        assert after in (before, toggled), (where, before, toggled, after)
+        # the record too: none (never toggled, rolled back, or untoggled) or exactly Lightning's toggle's
+        assert _record(world) in (none, self.toggled_record), (where, _record(world))
+        assert after == toggled or _record(world) == none, f"{where}: a record left behind"
+        assert not _open(world), where
+        assert world.strategy is not None and world.strategy.blocked == 0, f"{where}: gradient sync left blocked"
+        assert world.strategy.sync_log.count("enter") == world.strategy.sync_log.count("exit"), where
+        if _record(world) != none:  # as after Lightning's toggle: the user untoggles
+            world.module.untoggle_optimizer(world.opts[op.k])
+            assert _rg(world) == before, where
+        with world.module.toggle_optimizer(world.opts[self.j], zero_grad=False, step=False):
+            stack = _open(world)
+            assert len(stack) == 1 and type(stack[0]) is _toggle._Flat, f"{where}: the next block is not a flat one"
+            assert _rg(world) == self.next_block, where
+        assert _rg(world) == before and not _open(world), where
+
+
+@given(spec=worlds(nesting=True, faults=False, hostile=False), data=st.data())
+def test_ctrl_c_at_a_drawn_line_leaves_nothing_behind(flavour: str, spec: WorldSpec, data: st.DataObject) -> None:
+    spec, op = _top_block(spec)
+    counter = _count(flavour, spec, op)
     if data.draw(st.booleans(), label="a line the program runs, each equally likely"):
         # else a count, so lines run in loops are likelier: this way a line run once (the last line
         # of a nested toggle) is as likely as any other
@@ -77,48 +153,33 @@ def test_ctrl_c_at_a_drawn_line_leaves_nothing_behind(flavour: str, spec: WorldS
         k = data.draw(st.sampled_from([n + 1 for n, s in enumerate(sites) if s == site]), label="its run")
     else:
         k = data.draw(st.integers(1, counter.lines), label="interrupted line")
+    j = data.draw(st.integers(0, len(spec.optimizers) - 1), label="next block")
+    _Interrupted(flavour, spec, op, j).check(Interrupter(k))
 
-    twin = build_world(spec, flavour)
-    ManualDriver.for_flavour(flavour).toggle(twin, op.k)
-    toggled = _rg(twin)  # Lightning's manual sequence, interrupted right after its toggle
-    toggled_record = _record(twin)
 
-    world = build_world(spec, flavour)
-    before = _rg(world)
-    with Interrupter(k) as inter:
-        try:
-            run(world)
-        except KeyboardInterrupt as caught:
-            assert caught is inter.raised, "another exception came out than the interrupt"
-        else:
-            raise AssertionError(f"the interrupt at line {k} did not propagate")
-    where = inter.where
-    if op.way == "ExitStack":
-        # the interrupt handled and let go of: the stack's frame in its traceback held the exit it was
-        # calling (the with statement's way is closed at once: the harness checks it there)
-        assert inter.raised is not None
-        inter.raised.__traceback__ = None
-        inter.raised = None
-        gc.collect()
-    after = _rg(world)
-    assert after in (before, toggled), (where, before, toggled, after)
-    # the record too: none (never toggled, rolled back, or untoggled) or exactly Lightning's toggle's
-    assert _record(world) in ([None] * len(world.params), toggled_record), (where, _record(world))
-    assert after == toggled or _record(world) == [None] * len(world.params), "a record left behind"
-    assert not _open(world), where
-    assert world.strategy is not None and world.strategy.blocked == 0, "gradient sync left blocked"
-    assert world.strategy.sync_log.count("enter") == world.strategy.sync_log.count("exit")
-    if _record(world) != [None] * len(world.params):  # as after Lightning's toggle: the user untoggles
-        world.module.untoggle_optimizer(world.opts[op.k])
-        assert _rg(world) == before
-    j = data.draw(st.integers(0, len(world.opts) - 1), label="next block")
-    with world.module.toggle_optimizer(world.opts[j], zero_grad=False, step=False):
-        stack = _open(world)
-        assert len(stack) == 1 and type(stack[0]) is _toggle._Flat, "the next block is not a flat one"
-        expected = build_world(spec, flavour)
-        ManualDriver.for_flavour(flavour).toggle(expected, j)
-        assert _rg(world) == _rg(expected)
-    assert _rg(world) == before and not _open(world)
+# Each example runs its block about six times (a fresh world each): an eighth of the profile's examples
+@settings(max_examples=max(5, settings.default.max_examples // 8))
+@given(spec=worlds(nesting=True, faults=False, hostile=False), data=st.data())
+def test_ctrl_c_at_the_first_line_of_every_call_leaves_nothing_behind(
+    flavour: str, spec: WorldSpec, data: st.DataObject
+) -> None:
+    """The lines no ``try`` of a function's own can catch an interrupt at: the first line of a
+    function of the package a block calls (its first call), in a fresh world each, every way into the
+    block drawn: each ``__enter__`` and ``__exit__`` the with statement or ``ExitStack`` calls (where
+    only the exit guard can close the block), and a drawn few of the others (the toggle, the untoggle,
+    each cleanup); what the drawn-line property checks, after each. (A drawn line lands on one of
+    these with a probability of about one in a hundred.)"""
+    spec, op = _top_block(spec)
+    counter = _count(flavour, spec, op)
+    j = data.draw(st.integers(0, len(spec.optimizers) - 1), label="next block")
+    interrupted = _Interrupted(flavour, spec, op, j)
+    sites = list(dict.fromkeys(counter.entries))
+    protocol = [s for s in sites if counter.names[s] in ("__enter__", "__exit__", "_exit")]
+    others = [s for s in sites if s not in protocol]
+    drawn = data.draw(st.lists(st.sampled_from(others), max_size=4, unique=True), label="other functions")
+    event(f"{len(protocol)} entries and exits, of {len(sites)} functions ({op.way})")
+    for site in protocol + drawn:
+        interrupted.check(Interrupter(site=site))
 
 
 # Each example interrupts every line of a nested block (about a hundred runs): a quarter of the
@@ -396,7 +457,8 @@ def test_blocks_follow_the_trainers_optimizers_when_they_change(
     flavour: str, spec: WorldSpec, edits: list[tuple[str, int, list[int]]], data: st.DataObject
 ) -> None:
     """A block over every optimizer (plans are cached), then optimizers appended to, inserted into,
-    removed from or replaced in ``trainer.optimizers``, maybe while a block is open: the state after
+    removed from or replaced in ``trainer.optimizers``, maybe while a block is open (the user may set a
+    ``requires_grad`` inside it): the state after
     that block, and inside and after a block over any optimizer of the new list (or one outside it
     holding only the trainer's parameters), is exactly what Lightning's toggle and untoggle make on a
     twin world with the same edits (the record too)."""
@@ -407,10 +469,12 @@ def test_blocks_follow_the_trainers_optimizers_when_they_change(
     def plan_every_optimizer() -> None:
         """A plan cached for every optimizer of the list about to be edited, right before the edits (a
         full collection in between drops the cache: the stale plans an edit must never reuse would be
-        gone). Blocks with nothing in them: they change nothing."""
+        gone), in a drawn order (the last one planned is the likeliest to be reused). Blocks with
+        nothing in them: they change nothing."""
         before = _rg(world)
-        for opt in world.module.trainer.optimizers:
-            with world.module.toggle_optimizer(opt, zero_grad=False, step=False):
+        opts = world.module.trainer.optimizers
+        for k in data.draw(st.permutations(range(len(opts))), label="the order the plans are made in"):
+            with world.module.toggle_optimizer(opts[k], zero_grad=False, step=False):
                 pass
         assert _rg(world) == before
 
@@ -418,6 +482,13 @@ def test_blocks_follow_the_trainers_optimizers_when_they_change(
         i = data.draw(st.integers(0, len(world.opts) - 1), label="its optimizer")
         with world.module.toggle_optimizer(world.opts[i], zero_grad=False, step=False):
             manual.toggle(twin, i)
+            if data.draw(st.booleans(), label="the user flips a requires_grad of the block's optimizer"):
+                # Lightning's untoggle leaves the toggled optimizer's parameters as they are, unless the
+                # edited list has another optimizer holding one: then it restores the recorded value
+                n = data.draw(st.sampled_from(world.optimizers_spec[i]), label="which parameter")
+                world.params[n].requires_grad = twin.params[n].requires_grad = not world.params[n].requires_grad
+                if data.draw(st.booleans(), label="an optimizer over it appended"):
+                    edits = [*edits, ("append", 0, [n])]
             plan_every_optimizer()  # nested blocks
             before_edits = list(world.module.trainer.optimizers)
             if data.draw(st.booleans(), label="only the last optimizers removed"):
@@ -453,6 +524,50 @@ def test_blocks_follow_the_trainers_optimizers_when_they_change(
         assert _record(world) == _record(twin)
         manual._untoggle(twin.module, twin_opt)
     assert _rg(world) == _rg(twin) == before
+
+
+# -- optimizer objects made for a block and freed after it --------------------------------------------
+
+# each: a new LightningOptimizer around trainer.optimizers[k], or a new optimizer outside the list
+# over some of the parameters the list holds (indices taken modulo their number)
+_FRESH = st.lists(st.tuples(st.sampled_from(["wrapper", "outside"]), st.integers(0, 3),
+                            st.lists(st.integers(0, 15), min_size=1, max_size=4, unique=True)), min_size=2, max_size=5)
+
+
+@given(spec=worlds(nesting=False, faults=False, hostile=False), fresh=_FRESH)
+def test_an_optimizer_made_where_a_freed_one_was_is_toggled_as_itself(
+    flavour: str, spec: WorldSpec, fresh: list[tuple[str, int, list[int]]]
+) -> None:
+    """Blocks over optimizer objects made for the block and freed after it, one after the other: a new
+    ``LightningOptimizer`` around one of ``trainer.optimizers``, or an optimizer outside the list that
+    holds some of their parameters. CPython makes a new object where the one just freed was, so its
+    ``id`` repeats: each block is still Lightning's toggle and untoggle of the object it is given (a
+    cached plan is never taken for another object's because of an address)."""
+    bare = dataclasses.replace(spec, program=())
+    world, twin = build_world(bare, flavour), build_world(bare, flavour)
+    manual = ManualDriver.for_flavour(flavour)
+    opts, twin_opts = world.module.trainer.optimizers, twin.module.trainer.optimizers
+    held = sorted({j for params in world.optimizers_spec for j in params})
+    before = _rg(world)
+    ids: list[int] = []
+    for kind, k, chosen in fresh:
+        if kind == "wrapper":
+            k %= len(opts)
+            opt: Any = _wrap(flavour, opts[k], world.strategy, k)
+            twin_opt: Any = twin_opts[k]
+        else:
+            params = sorted({held[i % len(held)] for i in chosen})
+            opt = torch.optim.SGD([world.params[j] for j in params], lr=0.1)
+            twin_opt = torch.optim.SGD([twin.params[j] for j in params], lr=0.1)
+        ids.append(id(opt))
+        manual._toggle(twin.module, twin_opt)
+        with world.module.toggle_optimizer(opt, zero_grad=False, step=False):
+            assert _rg(world) == _rg(twin), f"a block over {kind} {len(ids)} did not toggle as Lightning does"
+            assert _record(world) == _record(twin)
+            manual._untoggle(twin.module, twin_opt)
+        assert _rg(world) == _rg(twin) == before
+        del opt, twin_opt  # freed here: the next one is made where it was
+    event(f"{len(ids) - len(set(ids))} made where a freed one was")
 
 
 # -- a toggle made, then entered ---------------------------------------------------------------------

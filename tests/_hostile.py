@@ -34,6 +34,11 @@ class Interrupter:
         self.raised: KeyboardInterrupt | None = None
         self.where = ""
         self.sites: list[tuple[str, int]] = []  # counting (k=0): the line each count is, (file, number)
+        # counting: the first line of each call of the package's functions (where no try of the
+        # function's own can catch an interrupt), in the order run
+        self.entries: list[tuple[str, int]] = []
+        self.names: dict[tuple[str, int], str] = {}  # the function each entry is the first line of
+        self._calling: Any = None  # the frame just called: its next line is its first
 
     def __enter__(self) -> Interrupter:
         # A stale class-level lookup of Toggle.__exit__ (pydoc, inspect: see _block._ExitGuard) would
@@ -44,6 +49,7 @@ class Interrupter:
 
     def __exit__(self, *exc: object) -> None:
         sys.settrace(None)
+        self._calling = None
 
     def _call(self, frame: Any, event: str, arg: Any) -> Any:
         name = frame.f_code.co_filename
@@ -54,6 +60,7 @@ class Interrupter:
             or name.startswith(HARNESS)
         ):
             return None
+        self._calling = frame
         return self._line
 
     def _line(self, frame: Any, event: str, arg: Any) -> Any:
@@ -68,6 +75,10 @@ class Interrupter:
                 raise self.raised
             if not self.k and self.site is None:
                 self.sites.append((frame.f_code.co_filename, frame.f_lineno))
+                if frame is self._calling:
+                    self.entries.append(self.sites[-1])
+                    self.names[self.sites[-1]] = frame.f_code.co_name
+            self._calling = None
         return self._line
 
 

@@ -535,6 +535,14 @@ _ADAM = (("amsgrad", False), ("lr", 0.01), ("weight_decay", 0.0))
 _TWO = GraphSpec((LayerSpec("linear", (2, 2)), LayerSpec("linear", (2, 2))), seed=7)
 _SHARED = (OptimizerSpec("sgd", (((0, 1), _SGD),)), OptimizerSpec("adam", (((1, 2, 3), _ADAM),)))
 _LOOSE = (OptimizerSpec("sgd", (((0,), _SGD),)), OptimizerSpec("adam", (((1, 2), _ADAM),)))  # 3 is loose
+# A model with hundreds of parameter tensors (a ResNet-50 has 161, a BERT-base 199, larger ones more):
+# the two layers and 300 loose scalars, 304 parameters; optimizer 0 holds 262 of them (its place in the
+# layout is 262), optimizer 1 the 43 others and the shared one. Counts and positions past 256, where
+# CPython's small integers stop being one object: a comparison of two of them by identity (``is``)
+# instead of by value would still hold below (the small worlds drawn never get there).
+_MANY = GraphSpec(_TWO.layers, loose=(1,) * 300, seed=7)
+_MANY_OPTS = (OptimizerSpec("sgd", (((0, 1, *range(4, 264)), _SGD),)),
+              OptimizerSpec("adam", (((1, 2, 3, *range(264, 304)), _ADAM),)))
 
 #: Flat worlds that touch each documented rule once: a user-frozen parameter, a shared parameter,
 #: a user change inside a block, an interrupt and a failing step,
@@ -574,6 +582,9 @@ FLAT_EXAMPLES = (
     # block's own parameters: the exit is Lightning's untoggle over the edited record, which restores
     # the other optimizers' parameters only (the block's own is the torch optimizer inside the wrapper)
     WorldSpec(_TWO, (), _SHARED, (Block(0, (SetRequiresGrad(0, False), EditRecord(3, "flip"))),), (0,)),
+    # hundreds of parameters: a user-frozen one, one set inside a block, shared ones, both optimizers
+    WorldSpec(_MANY, (5, 270), _MANY_OPTS, (Block(1, (SetRequiresGrad(300, False), Backward((0, 1, 300)))),
+                                            Block(0, (Backward((1, 7)),)), Block(1)), (1,)),
 )
 #: User classes: fine-tuning code that re-freezes parameter 0 after every untoggle (calling super()),
 #: an untoggle of its own (no super(): everything trainable again), a toggle that returns super()'s
@@ -630,4 +641,7 @@ NESTED_EXAMPLES = (
     # number, so the block sees what the statement recorded for it, not its current value
     WorldSpec(_TWO, (), _LOOSE, (Statement(0, (EditRecord(0, "add"), SetRequiresGrad(0, False),
                                                Block(0, (Backward((0,)),)))),)),
+    # hundreds of parameters, a record of 304 keys left as the statement made it: the user freezes one
+    # of the statement's own parameters, then a block inside it over the same optimizer sees it frozen
+    WorldSpec(_MANY, (), _MANY_OPTS, (Statement(0, (SetRequiresGrad(200, False), Block(0, (Backward((0,)),)))),)),
 )
