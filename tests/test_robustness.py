@@ -413,6 +413,32 @@ def test_an_exit_that_cannot_restore_one_parameter_restores_the_others(flavour: 
         assert len(open_toggles(m)) == 1 and rg(m) == [0, 0, 0, 1, 0, 0]
 
 
+class _InterruptsOnce(Refusing):
+    """Ctrl-C lands while this parameter's ``requires_grad`` is being set to ``refuse``, once."""
+
+    def refusal(self, value: bool) -> BaseException:
+        self.refuse = None
+        return KeyboardInterrupt(f"at requires_grad={value}")
+
+
+def test_a_second_ctrl_c_in_the_rollback_of_a_toggle_still_rolls_everything_back(flavour: str) -> None:
+    """Ctrl-C at the toggle's third freeze, and again while its rollback writes the first parameter
+    back: the rollback is run once more, so every parameter is back, the record too, and the second
+    interrupt propagates (the first is its context)."""
+    m = six(flavour)
+    p2, p4 = m.ps[2], m.ps[4]
+    p2.__class__ = p4.__class__ = _InterruptsOnce
+    p4.refuse, p2.refuse = False, True  # the toggle of optimizer 0 freezes p2..p5, in this order
+    record = m.__dict__.get("_param_requires_grad_state")
+    Refusing.errors.clear()
+    with pytest.raises(KeyboardInterrupt) as caught:
+        m.toggle_optimizer(m.opts[0])
+    first, second = Refusing.errors
+    assert caught.value is second and second.__context__ is first, (caught.value, Refusing.errors)
+    assert rg(m) == [1, 1, 1, 1, 1, 1], "the rollback stopped at the second interrupt"
+    assert m.__dict__.get("_param_requires_grad_state") is record and not open_toggles(m)
+
+
 def test_the_first_refusal_propagates_when_the_rollback_is_refused_too(flavour: str) -> None:
     """The fourth parameter, frozen by the user, refuses False: the toggle's freeze is refused, then
     the rollback's write of its value (False) is refused again; the first refusal propagates."""
