@@ -807,6 +807,20 @@ def test_replaced_parameters_are_freed(flavour: str) -> None:
     m.opts[2].param_groups[0]["params"] = list(m.c.parameters())
     gc.collect()
     assert all(r() is None for r in last)
+    # parameters in a reference cycle (a hook, an attribute holding the tensor): the cache is dropped as
+    # the full collection starts, so that this very collection frees them, as it would without
+    # toggleshim (dropped at its end, they would wait for the next one)
+    for k in range(3):
+        with m.toggle_optimizer(m.opts[k], zero_grad=False, step=False):
+            pass
+    cyclic = [weakref.ref(p) for p in m.c.parameters()]
+    for p in m.c.parameters():
+        p.cycle = p  # type: ignore[attr-defined]
+    m.c = nn.Linear(2, 2)
+    m.opts[2].param_groups[0]["params"] = list(m.c.parameters())
+    del p
+    gc.collect()
+    assert all(r() is None for r in cyclic)
 
 
 def test_nothing_outlives_the_module_and_its_optimizers(flavour: str) -> None:
