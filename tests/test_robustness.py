@@ -302,7 +302,10 @@ def test_explicit_enter_and_exit_calls_keep_the_guarantees_with_a_retry(flavour:
 
 GC_HOOK_SCRIPT = textwrap.dedent(
     """
-    import gc, inspect, itertools, sys, types
+    import gc, inspect, itertools, signal, sys, types
+    # Python's own Ctrl-C handler, as in a terminal: a background job of a shell starts with SIGINT
+    # ignored, and then the redelivery (_thread.interrupt_main) rightly delivers nothing
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import torch, toggleshim
     from toggleshim import _block, _toggle
     sys.path.insert(0, {tests!r})
