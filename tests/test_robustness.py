@@ -356,6 +356,26 @@ def test_ctrl_c_in_the_gc_hook_is_delivered_again(flavour: str) -> None:
     assert r.stdout.split() == ["delivered", "True", "True"], r.stdout + r.stderr[-2000:]
 
 
+def test_collections_raise_nothing_in_the_gc_hook(flavour: str) -> None:
+    """Every collection, young or full, calls toggleshim's ``gc.callbacks`` hook, with a cache to drop
+    or without: nothing is raised there (gc would print "Exception ignored" on the user's stderr at
+    each collection, through ``sys.unraisablehook``)."""
+    seen: list[Any] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        for cached in (True, False):
+            m = three_heads(flavour)
+            if cached:
+                with m.toggle_optimizer(m.opts[0]):
+                    pass
+            for generation in (0, 1, 2, 2):
+                gc.collect(generation)
+    finally:
+        sys.unraisablehook = hook
+    assert [f"{u.exc_type.__name__}: {u.exc_value} ({u.object!r})" for u in seen] == []
+
+
 # -- failing writes: all or nothing --------------------------------------------------------------
 
 
