@@ -624,12 +624,13 @@ def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.detach().clone()
 
 
-def _below(record: Any, cls: Any) -> Any:
-    """``cls(record)``, made at a lower address than ``record`` where one of a few tries gets there:
-    toggleshim knows a record by identity only, so no order of addresses may count (an ``id`` compared
-    with ``>=`` would take a replacement made above the old record for it)."""
+def _placed(record: Any, cls: Any, where: str) -> Any:
+    """``cls(record)``, made at a lower (``"below"``) or higher (``"above"``) address than ``record``
+    where one of a few tries gets there: toggleshim knows a record by identity only, so no order of
+    addresses may count (an ``id`` compared with ``>=`` would take a replacement made above the old
+    record for it, one compared with ``<=`` one made below)."""
     tries = [cls(record) for _ in range(16)]
-    return min(tries, key=id)
+    return (min if where == "below" else max)(tries, key=id)
 
 
 class _Runner:
@@ -790,7 +791,7 @@ class _Runner:
         elif isinstance(op, ReplaceRecord):
             record = w.module.__dict__.get("_param_requires_grad_state")
             if record is not None:
-                replaced = _below(record, dict if op.how == "dict" else _RecordLookalike)
+                replaced = _placed(record, dict if op.how == "dict" else _RecordLookalike, op.where)
                 if isinstance(replaced, _RecordLookalike):
                     replaced.reads = w.record_reads
                 w.module._param_requires_grad_state = replaced

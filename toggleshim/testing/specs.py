@@ -123,9 +123,12 @@ class BadFlag:
 class ReplaceRecord:
     """The body replaces ``_param_requires_grad_state`` by another object holding the same entries:
     ``how`` is ``"dict"`` (a new dict) or ``"subclass"`` (a dict subclass that reports ``dict`` as its
-    ``__class__``). Lightning's untoggle reads whatever object is there."""
+    ``__class__``). Lightning's untoggle reads whatever object is there. ``where``: the new object
+    is made ``"below"`` or ``"above"`` the old one in memory (where one of a few tries gets there):
+    toggleshim knows a record by identity only, so no order of addresses may count."""
 
     how: str
+    where: str = "below"
 
 
 @dataclass(frozen=True)
@@ -436,7 +439,7 @@ def _programs(max_ops: int, nesting: bool, faults: bool, hostile: bool) -> st.Se
         # longer than an error message shows
         st.builds(BadFlag, k, st.sampled_from(list(FLAG_DEFAULTS)),
                   st.sampled_from([1, 0, None, "yes", 1.0, "y" * 100])),
-        st.builds(ReplaceRecord, st.sampled_from(["dict", "subclass"])),
+        st.builds(ReplaceRecord, st.sampled_from(["dict", "subclass"]), st.sampled_from(["below", "above"])),
     ] if hostile else []
     leaf = st.one_of(backward, backward, set_rg, edit_record, *([raise_] if faults else []), *hostile_ops)
     fail = st.sampled_from([None] * 5 + ["zero_grad", "step", "step_after", *SYNC_FAULTS]) if faults else st.none()
@@ -629,6 +632,7 @@ NESTED_EXAMPLES = (
     # statement's: the block is Lightning's flat toggle), a key deleted or replaced (in number or in
     # identity: every recorded parameter shows what it recorded)
     WorldSpec(_TWO, (), _SHARED, (Statement(0, (ReplaceRecord("dict"), Block(1, (Backward((1,)),)))),)),
+    WorldSpec(_TWO, (), _SHARED, (Statement(0, (ReplaceRecord("dict", "above"), Block(1, (Backward((1,)),)))),)),
     WorldSpec(_TWO, (), _SHARED, (Statement(0, (EditRecord(0, "delete"), Block(1, (Backward((1,)),)))),)),
     WorldSpec(_TWO, (), _SHARED, (Statement(0, (EditRecord(3, "delete"), SetRequiresGrad(1, False),
                                                 Block(1, (Backward((1,)),)))),)),
