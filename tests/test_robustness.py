@@ -24,6 +24,7 @@ from _fixtures import pl, state, three_heads
 from _hostile import Interrupter, Refusing
 from torch import nn
 
+import toggleshim
 from toggleshim import _block, _toggle
 
 
@@ -99,6 +100,48 @@ def _async_exit_stack(m: Any) -> None:
     asyncio.run(main())
 
 
+def _own_untoggle_block(m: Any) -> None:
+    with m.toggle_optimizer(m.opts[0]):  # the class overrides untoggle_optimizer (calls super)
+        pass
+
+
+def _own_toggle_block(m: Any) -> None:
+    with toggleshim.toggle(m, m.opts[0]):  # the class's toggle_optimizer returns None: the module's own toggle
+        pass
+
+
+def _own_nested_blocks(m: Any) -> None:
+    with m.toggle_optimizer(m.opts[0], zero_grad=False), m.toggle_optimizer(m.opts[1]):
+        pass
+
+
+# The user's own methods (tests/test_user_methods.py): the class overrides untoggle_optimizer, calling
+# super() and counting its calls; "own toggle": its toggle_optimizer too, returning None (then the
+# block runs the module's own toggle and untoggle, and toggleshim calls the untoggle once, never twice)
+_USER_METHODS: dict[Callable[[Any], None], tuple[str, ...]] = {
+    _own_untoggle_block: ("untoggle_optimizer",),
+    _own_nested_blocks: ("untoggle_optimizer",),
+    _own_toggle_block: ("toggle_optimizer", "untoggle_optimizer"),
+}
+
+
+def _with_own_methods(m: Any, names: tuple[str, ...]) -> None:
+    """``m``'s class becomes a subclass overriding ``names`` as users write them (``super()``)."""
+    base = type(m)
+
+    def toggle_optimizer(self: Any, optimizer: Any) -> None:
+        super(cls, self).toggle_optimizer(optimizer)
+
+    def untoggle_optimizer(self: Any, optimizer: Any) -> None:
+        self.untoggles += 1
+        super(cls, self).untoggle_optimizer(optimizer)
+
+    own = {"toggle_optimizer": toggle_optimizer, "untoggle_optimizer": untoggle_optimizer}
+    cls = type("UserHeads", (base,), {name: own[name] for name in names})
+    m.__class__ = cls
+    m.untoggles = 0
+
+
 SCENARIOS: dict[str, Callable[[Any], None]] = {
     "flat block": _flat,
     "flat block, sync_grad=False": _flat_no_sync,
@@ -107,6 +150,9 @@ SCENARIOS: dict[str, Callable[[Any], None]] = {
     "statement toggle inside a block": _statement_in_block,
     "nested blocks in an ExitStack": _exit_stack,
     "a block in an AsyncExitStack": _async_exit_stack,
+    "a block, untoggle_optimizer overridden": _own_untoggle_block,
+    "nested blocks, untoggle_optimizer overridden": _own_nested_blocks,
+    "a block over the module's own toggle_optimizer": _own_toggle_block,
 }
 # An ExitStack calls the __exit__ it looked up on the class: interrupted at that function's first
 # line, the block closes once the stack lets go of it, which the interrupt's traceback delays (a
@@ -118,8 +164,11 @@ def _module(flavour: str, cached: bool, scenario: Callable[[Any], None]) -> tupl
     m = three_heads(flavour, n_opt=3, frozen=True, shared=True)
     spy = SyncSpy()
     m._trainer.strategy = spy
+    if scenario in _USER_METHODS:
+        _with_own_methods(m, _USER_METHODS[scenario])
     if cached:
         scenario(m)  # every plan the scenario needs is cached
+        m.untoggles = 0
     return m, spy
 
 
@@ -175,6 +224,8 @@ def _interrupt_at(k: int, flavour: str, cached: bool, run: Callable[[Any], None]
             assert caught is inter.raised, (k, inter.where)
         else:
             raise AssertionError(f"line {k} ({inter.where}): the interrupt did not propagate")
+    # the module's own untoggle_optimizer is user code: called once by a block's exit, never again
+    assert m.__dict__.get("untoggles", 0) <= (2 if run is _own_nested_blocks else 1), (k, inter.where, m.untoggles)
     if run in _CLOSED_BY_THE_COLLECTOR:
         inter.raised = None
         gc.collect()
@@ -188,9 +239,10 @@ def _interrupt_at(k: int, flavour: str, cached: bool, run: Callable[[Any], None]
         m.untoggle_optimizer(m.opts[0])
         assert state(m) == before, (k, inter.where)
     # the next block is a flat one, exactly Lightning's toggle
-    with m.toggle_optimizer(m.opts[1], zero_grad=False, step=False):
+    with toggleshim.toggle(m, m.opts[1], zero_grad=False, step=False):
         stack = open_toggles(m)
-        assert len(stack) == 1 and type(stack[0]) is _toggle._Flat, (k, inter.where)
+        if "toggle_optimizer" not in _USER_METHODS.get(run, ()):  # (the module's own toggle: none of ours)
+            assert len(stack) == 1 and type(stack[0]) is _toggle._Flat, (k, inter.where)
         expected = three_heads(flavour, n_opt=3, frozen=True, shared=True)
         original(flavour, "toggle_optimizer")(expected, expected.opts[1])
         assert state(m) == state(expected), (k, inter.where)
