@@ -74,13 +74,19 @@ def test_fallback_nesting_is_an_error_that_changes_nothing(flavour: str, spec: W
     j = data.draw(st.integers(0, len(spec.optimizers) - 1), label="outer optimizer")
     k = data.draw(st.integers(0, len(spec.optimizers) - 1), label="nested optimizer")
     typed = data.draw(st.booleans(), label="nested through toggleshim.toggle")
+    # or made as a statement before the outer block, and entered inside it
+    before = data.draw(st.booleans(), label="nested toggle made before the outer block")
     flags = data.draw(st.fixed_dictionaries({}, optional={"zero_grad": st.booleans(), "step": st.booleans(),
                                                           "sync_grad": st.booleans()}), label="flags")
     with fake_release(flavour, changed=True):
         twin = build_world(spec, flavour)  # the release's own toggle and untoggle (it changed what they do)
-        for n in (k, j):
-            original(flavour, "toggle_optimizer")(twin.module, twin.opts[n])
-            original(flavour, "untoggle_optimizer")(twin.module, twin.opts[n])
+        if before:  # the statement toggle, then the outer block over it
+            for n, name in ((k, "toggle_optimizer"), (j, "toggle_optimizer"), (j, "untoggle_optimizer")):
+                original(flavour, name)(twin.module, twin.opts[n])
+        else:
+            for n in (k, j):
+                original(flavour, "toggle_optimizer")(twin.module, twin.opts[n])
+                original(flavour, "untoggle_optimizer")(twin.module, twin.opts[n])
         world = build_world(spec, flavour)
         module = world.module
         statement = module.toggle_optimizer(world.opts[k], zero_grad=False, step=False)
@@ -94,6 +100,8 @@ def test_fallback_nesting_is_an_error_that_changes_nothing(flavour: str, spec: W
             raise AssertionError("__exit__ of a fallback toggle never entered did not raise")
         assert _rg(world) == toggled and world.calls == [], "__exit__ without __enter__ changed something"
         module.untoggle_optimizer(world.opts[k])
+        made = (toggleshim.toggle(module, world.opts[k], **flags) if typed
+                else module.toggle_optimizer(world.opts[k], **flags)) if before else None
         outer = module.toggle_optimizer(world.opts[j], zero_grad=False, step=False)
         with outer:
             for p in world.params:
@@ -101,7 +109,9 @@ def test_fallback_nesting_is_an_error_that_changes_nothing(flavour: str, spec: W
             inside, record = _rg(world), dict(module._param_requires_grad_state)
             grads = [None if p.grad is None else p.grad.clone() for p in world.params]
             try:
-                if typed:
+                if made is not None:
+                    made.__enter__()
+                elif typed:
                     toggleshim.toggle(module, world.opts[k], **flags)
                 else:
                     module.toggle_optimizer(world.opts[k], **flags)
@@ -117,6 +127,10 @@ def test_fallback_nesting_is_an_error_that_changes_nothing(flavour: str, spec: W
             assert world.calls == [], world.calls
             assert world.strategy is not None and world.strategy.blocked == 0
         assert _rg(world) == _rg(twin), "the outer block did not untoggle as that release does"
+        if made is not None:  # the statement toggle is still the user's to untoggle
+            module.untoggle_optimizer(world.opts[k])
+            original(flavour, "untoggle_optimizer")(twin.module, twin.opts[k])
+            assert _rg(world) == _rg(twin), "the statement toggle did not untoggle as that release does"
         # single-use, and closed for good: a second exit or entry is an error that changes nothing
         assert "closed" in repr(outer), repr(outer)
         for again in (outer.__enter__, lambda: outer.__exit__(None, None, None)):
