@@ -27,3 +27,11 @@ class GAN(LightningModule):
         with block as g:
             g.zero_grad()
             self.manual_backward(self.discriminator(self.generator(batch)).mean())
+
+    def discriminator_step(self, batch: torch.Tensor, d_opt: LightningOptimizer) -> torch.Tensor:
+        # The block never swallows an exception (its __exit__ returns Literal[False]): a return
+        # inside it needs no return after it
+        with toggle(self, d_opt):
+            loss: torch.Tensor = self.discriminator(batch).mean()
+            self.manual_backward(loss)
+            return loss
