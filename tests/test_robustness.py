@@ -12,6 +12,7 @@ import gc
 import subprocess
 import sys
 import textwrap
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -326,6 +327,93 @@ def test_ctrl_c_at_the_first_line_of_the_exit_closes_the_block_every_way_in(flav
     with m.toggle_optimizer(m.opts[1]):  # the next block is a flat one
         assert m._param_requires_grad_state
     assert state(m) == before
+
+
+def test_a_class_level_exit_held_elsewhere_never_takes_the_with_statements_watch(flavour: str) -> None:
+    """``Toggle.__exit__`` looked up on the class and kept (a debugger, ``pydoc``, ``inspect``) right
+    before a with statement: the block still watches the exit the with statement holds, and closes
+    when an interrupt at that exit's first line makes the with statement let go of it."""
+    m = three_heads(flavour, n_opt=3)
+    before = state(m)
+    exit_code = _block.Toggle._exit.__code__
+
+    class AtExit(Interrupter):
+        def _line(self, frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and frame.f_code is exit_code and self.raised is None:
+                self.raised = KeyboardInterrupt("at the first line of __exit__")
+                raise self.raised
+            return self._line
+
+    with AtExit() as inter:
+        held = _block.Toggle.__exit__  # (after AtExit's __enter__, which forgets any lookup)
+        with pytest.raises(KeyboardInterrupt) as caught, m.toggle_optimizer(m.opts[0]):
+            assert state(m) != before
+    assert caught.value is inter.raised
+    assert state(m) == before and not open_toggles(m)
+    del held
+
+
+def test_a_class_level_exit_let_go_before_a_block_entered_by_hand_is_harmless(flavour: str) -> None:
+    """A lookup of ``Toggle.__exit__`` on the class, let go at once (``pydoc``, ``inspect``), then a
+    block entered and left by hand: nothing watches an exit that no longer exists."""
+    m = three_heads(flavour, n_opt=3)
+    before = state(m)
+    _block.Toggle.__exit__  # noqa: B018 (looked up and let go)
+    block = m.toggle_optimizer(m.opts[0])
+    block.__enter__()
+    assert state(m) != before and open_toggles(m)
+    block.__exit__(None, None, None)
+    assert state(m) == before and not open_toggles(m)
+
+
+@pytest.mark.parametrize("other", ["looked up in another thread", "entered in another thread"])
+def test_a_class_level_exit_looked_up_in_one_thread_is_never_a_block_of_another_threads(
+    flavour: str, other: str
+) -> None:
+    """``Toggle.__exit__`` looked up on the class in one thread (an ``ExitStack`` about to enter
+    there) and a block entered by hand in another: the block does not take that exit as its own, so
+    letting go of it does not close the block while it is open. Both ways round: one thread's id is
+    the larger."""
+    m = three_heads(flavour, n_opt=3)
+    before = state(m)
+    held: list[Any] = []
+    block = m.toggle_optimizer(m.opts[0])
+
+    def look_up() -> None:
+        held.append(_block.Toggle.__exit__)
+
+    def in_thread(fn: Callable[[], Any]) -> None:
+        t = threading.Thread(target=fn)
+        t.start()
+        t.join()
+
+    if other == "looked up in another thread":
+        in_thread(look_up)
+        block.__enter__()
+    else:
+        look_up()
+        in_thread(block.__enter__)
+    assert state(m) != before
+    held.clear()  # that thread's exit let go: this block is still open
+    assert state(m) != before and open_toggles(m), "the block closed when another thread's exit was let go"
+    block.__exit__(None, None, None)
+    assert state(m) == before and not open_toggles(m)
+
+
+def test_a_stray_untoggle_after_a_block_leaves_the_closed_block_closed(flavour: str) -> None:
+    """``untoggle_optimizer`` called as a statement after a block over the same optimizer (nothing
+    open: Lightning's untoggle restores nothing): the block's object stays closed, and entering it
+    again says it was used, not that an untoggle undid it before its block started."""
+    m = three_heads(flavour, n_opt=3)
+    before = state(m)
+    block = m.toggle_optimizer(m.opts[0])
+    with block:
+        pass
+    m.untoggle_optimizer(m.opts[0])
+    assert state(m) == before and "closed" in repr(block), repr(block)
+    with pytest.raises(RuntimeError, match="already used"):
+        block.__enter__()
+    assert state(m) == before and not open_toggles(m)
 
 
 def test_explicit_enter_and_exit_calls_keep_the_guarantees_with_a_retry(flavour: str) -> None:
