@@ -442,7 +442,7 @@ def test_explicit_enter_and_exit_calls_keep_the_guarantees_with_a_retry(flavour:
 
 GC_HOOK_SCRIPT = textwrap.dedent(
     """
-    import gc, inspect, itertools, signal, sys, types
+    import ast, gc, inspect, itertools, signal, sys, types
     # Python's own Ctrl-C handler, as in a terminal: a background job of a shell starts with SIGINT
     # ignored, and then the redelivery (_thread.interrupt_main) rightly delivers nothing
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -455,7 +455,10 @@ GC_HOOK_SCRIPT = textwrap.dedent(
         pass  # a cache to drop
     code = _toggle._drop_caches.__code__
     lines, first = inspect.getsourcelines(_toggle._drop_caches)
-    inside = first + next(i for i, text in enumerate(lines) if 'if phase == "start"' in text)  # in the try
+    # the first line of the try's body, found by its place in the syntax tree, not by its text (which
+    # a mutation testing tool changes)
+    body = next(n for n in ast.walk(ast.parse("".join(lines))) if isinstance(n, ast.Try)).body
+    inside = first + body[0].lineno - 1
     raised = []
 
     def tracer(frame, event, arg):
