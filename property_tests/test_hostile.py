@@ -1,7 +1,9 @@
 """Hostile cases as draws: Ctrl-C at a drawn line of the package; a parameter refusing a write.
 
-The invariants are those of ``tests/test_robustness.py`` (which tries every line of five fixed
-scenarios): here the world and the program are drawn, and so is the line. The interrupt propagates
+The invariants are those of ``tests/test_robustness.py`` (which tries every line of ten fixed
+scenarios): here the world and the program are drawn, and so is the line, and the module's class:
+Lightning's methods, or a user's overrides that delegate to them (``_user_worlds``), whose
+``untoggle_optimizer`` the block must call no more often than uninterrupted. The interrupt propagates
 unchanged (the very object); ``requires_grad`` is the state before the program, or what Lightning's
 manual sequence leaves when interrupted right after its toggle; nothing stays open on the module;
 gradient sync is back on; the next block is a flat one, exactly Lightning's toggle.
@@ -23,9 +25,20 @@ from _hostile import Interrupter, Refusing
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
+import toggleshim
 from toggleshim import _toggle
-from toggleshim.testing import FLAT_EXAMPLES, Block, ShimDriver, Statement, WorldSpec, build_world, worlds
+from toggleshim.testing import (
+    FLAT_EXAMPLES,
+    Block,
+    Overrides,
+    ShimDriver,
+    Statement,
+    WorldSpec,
+    build_world,
+    worlds,
+)
 from toggleshim.testing.harness import ManualDriver, _Runner, _wrap
+from toggleshim.testing.specs import _method_entry_works
 
 
 def _plain(op: object) -> object | None:
@@ -34,6 +47,31 @@ def _plain(op: object) -> object | None:
         body = tuple(b for b in (_plain(o) for o in op.body) if b is not None)
         return dataclasses.replace(op, body=body, **({"fail": None} if isinstance(op, Block) else {}))
     return op if type(op).__name__ == "Backward" else None
+
+
+@st.composite
+def _user_worlds(draw: st.DrawFn, nesting: bool) -> WorldSpec:
+    """A world whose module's class overrides both methods, delegating only: ``toggle_optimizer``
+    not at all, calling ``super()`` and returning its toggle, or (in worlds without nesting)
+    returning None (the block is then the manual sequence with the module's own methods, whose
+    nesting is Lightning's own); ``untoggle_optimizer`` calling ``super()``. No ``requires_grad`` of
+    their own (what an interrupted override that writes leaves is the user's, not toggleshim's);
+    every call logged (``override_log``)."""
+    spec = draw(worlds(nesting=nesting, faults=False, hostile=False, user_class=True))
+    kinds = ["super", None] if nesting else ["none", "super", None]
+    toggle = draw(st.sampled_from(kinds), label="toggle_optimizer override")
+    program = _method_entry_works(spec.program) if toggle == "none" else spec.program
+    return dataclasses.replace(spec, program=program, overrides=Overrides(toggle=toggle, untoggle="super"))
+
+
+# Lightning's own methods (half the worlds), or a user class whose overrides delegate; interrupted
+# at any line, the block calls the user's untoggle_optimizer no more often than uninterrupted
+_PLAIN = worlds(nesting=True, faults=False, hostile=False)
+_WORLDS = st.one_of(_PLAIN, _PLAIN, _user_worlds(nesting=True), _user_worlds(nesting=False))
+
+
+def _untoggles(world: Any) -> int:
+    return list(getattr(world.module, "override_log", [])).count("untoggle")
 
 
 def _rg(world: Any) -> list[bool]:
@@ -100,6 +138,9 @@ class _Interrupted:
         expected = build_world(spec, flavour)
         ManualDriver.for_flavour(flavour).toggle(expected, j)
         self.next_block = _rg(expected)
+        whole = build_world(spec, flavour)
+        _run(op)(whole)
+        self.untoggles = _untoggles(whole)  # the user's untoggle_optimizer calls, uninterrupted
 
     def check(self, inter: Interrupter) -> None:
         op, toggled = self.op, self.toggled
@@ -113,6 +154,7 @@ class _Interrupted:
             else:
                 raise AssertionError(f"the interrupt at line {inter.k or inter.site} did not propagate")
         where = inter.where
+        assert _untoggles(world) <= self.untoggles, f"{where}: the user's untoggle_optimizer called again"
         if _through_exit_stack(op):
             # the interrupt handled and let go of: the stack's frame in its traceback held the exit it
             # was calling (the with statement's way is closed at once: the harness checks it there). A
@@ -134,16 +176,19 @@ class _Interrupted:
         if _record(world) != none:  # as after Lightning's toggle: the user untoggles
             world.module.untoggle_optimizer(world.opts[op.k])
             assert _rg(world) == before, where
-        with world.module.toggle_optimizer(world.opts[self.j], zero_grad=False, step=False):
+        with toggleshim.toggle(world.module, world.opts[self.j], zero_grad=False, step=False):
             stack = _open(world)
-            assert len(stack) == 1 and type(stack[0]) is _toggle._Flat, f"{where}: the next block is not a flat one"
+            if self.spec.overrides is None or self.spec.overrides.toggle != "none":  # (else the module's own)
+                assert len(stack) == 1 and type(stack[0]) is _toggle._Flat, f"{where}: the next block is not a flat one"
             assert _rg(world) == self.next_block, where
         assert _rg(world) == before and not _open(world), where
 
 
-@given(spec=worlds(nesting=True, faults=False, hostile=False), data=st.data())
+@given(spec=_WORLDS, data=st.data())
 def test_ctrl_c_at_a_drawn_line_leaves_nothing_behind(flavour: str, spec: WorldSpec, data: st.DataObject) -> None:
     spec, op = _top_block(spec)
+    ov = spec.overrides
+    event("Lightning's methods" if ov is None else f"a user class: toggle {ov.toggle}, untoggle {ov.untoggle}")
     counter = _count(flavour, spec, op)
     if data.draw(st.booleans(), label="a line the program runs, each equally likely"):
         # else a count, so lines run in loops are likelier: this way a line run once (the last line
@@ -159,7 +204,7 @@ def test_ctrl_c_at_a_drawn_line_leaves_nothing_behind(flavour: str, spec: WorldS
 
 # Each example runs its block about six times (a fresh world each): an eighth of the profile's examples
 @settings(max_examples=max(5, settings.default.max_examples // 8))
-@given(spec=worlds(nesting=True, faults=False, hostile=False), data=st.data())
+@given(spec=_WORLDS, data=st.data())
 def test_ctrl_c_at_the_first_line_of_every_call_leaves_nothing_behind(
     flavour: str, spec: WorldSpec, data: st.DataObject
 ) -> None:
