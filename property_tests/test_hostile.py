@@ -52,14 +52,12 @@ def _plain(op: object) -> object | None:
 @st.composite
 def _user_worlds(draw: st.DrawFn, nesting: bool) -> WorldSpec:
     """A world whose module's class overrides both methods, delegating only: ``toggle_optimizer``
-    not at all, calling ``super()`` and returning its toggle, or (in worlds without nesting)
-    returning None (the block is then the manual sequence with the module's own methods, whose
-    nesting is Lightning's own); ``untoggle_optimizer`` calling ``super()``. No ``requires_grad`` of
-    their own (what an interrupted override that writes leaves is the user's, not toggleshim's);
-    every call logged (``override_log``)."""
+    not at all, or calling ``super()`` and returning its toggle, or returning None (its ``super()``'s
+    toggle is the block all the same); ``untoggle_optimizer`` calling ``super()``. No
+    ``requires_grad`` of their own (what an interrupted override that writes leaves is the user's,
+    not toggleshim's); every call logged (``override_log``)."""
     spec = draw(worlds(nesting=nesting, faults=False, hostile=False, user_class=True))
-    kinds = ["super", None] if nesting else ["none", "super", None]
-    toggle = draw(st.sampled_from(kinds), label="toggle_optimizer override")
+    toggle = draw(st.sampled_from(["none", "super", None]), label="toggle_optimizer override")
     program = _method_entry_works(spec.program) if toggle == "none" else spec.program
     return dataclasses.replace(spec, program=program, overrides=Overrides(toggle=toggle, untoggle="super"))
 
@@ -178,8 +176,7 @@ class _Interrupted:
             assert _rg(world) == before, where
         with toggleshim.toggle(world.module, world.opts[self.j], zero_grad=False, step=False):
             stack = _open(world)
-            if self.spec.overrides is None or self.spec.overrides.toggle != "none":  # (else the module's own)
-                assert len(stack) == 1 and type(stack[0]) is _toggle._Flat, f"{where}: the next block is not a flat one"
+            assert len(stack) == 1 and type(stack[0]) is _toggle._Flat, f"{where}: the next block is not a flat one"
             assert _rg(world) == self.next_block, where
         assert _rg(world) == before and not _open(world), where
 

@@ -107,7 +107,12 @@ def _own_untoggle_block(m: Any) -> None:
 
 
 def _own_toggle_block(m: Any) -> None:
-    with toggleshim.toggle(m, m.opts[0]):  # the class's toggle_optimizer returns None: the module's own toggle
+    with toggleshim.toggle(m, m.opts[0]):  # the class's toggle_optimizer toggles by itself
+        pass
+
+
+def _forgotten_return_block(m: Any) -> None:
+    with toggleshim.toggle(m, m.opts[0]):  # the class's toggle_optimizer calls super(), returns None
         pass
 
 
@@ -117,28 +122,38 @@ def _own_nested_blocks(m: Any) -> None:
 
 
 # The user's own methods (tests/test_user_methods.py): the class overrides untoggle_optimizer, calling
-# super() and counting its calls; "own toggle": its toggle_optimizer too, returning None (then the
-# block runs the module's own toggle and untoggle, and toggleshim calls the untoggle once, never twice)
-_USER_METHODS: dict[Callable[[Any], None], tuple[str, ...]] = {
-    _own_untoggle_block: ("untoggle_optimizer",),
-    _own_nested_blocks: ("untoggle_optimizer",),
-    _own_toggle_block: ("toggle_optimizer", "untoggle_optimizer"),
+# super() and counting its calls; and toggle_optimizer, for the scenarios named here: "own" toggles by
+# itself (Lightning's own code, not super(): the block runs the module's own toggle and untoggle, and
+# toggleshim calls the untoggle once, never twice), "none" calls super() and returns None (its
+# toggle is the block all the same)
+_USER_METHODS: dict[Callable[[Any], None], str | None] = {
+    _own_untoggle_block: None,
+    _own_nested_blocks: None,
+    _own_toggle_block: "own",
+    _forgotten_return_block: "none",
 }
 
 
-def _with_own_methods(m: Any, names: tuple[str, ...]) -> None:
-    """``m``'s class becomes a subclass overriding ``names`` as users write them (``super()``)."""
+def _with_own_methods(m: Any, toggle: str | None, flavour: str) -> None:
+    """``m``'s class becomes a subclass overriding ``untoggle_optimizer`` (``super()``, counted) and,
+    unless ``toggle`` is None, ``toggle_optimizer``, as users write them."""
     base = type(m)
+    lightning_toggle = original(flavour, "toggle_optimizer")
 
     def toggle_optimizer(self: Any, optimizer: Any) -> None:
-        super(cls, self).toggle_optimizer(optimizer)
+        if toggle == "own":
+            lightning_toggle(self, optimizer)
+        else:
+            super(cls, self).toggle_optimizer(optimizer)
 
     def untoggle_optimizer(self: Any, optimizer: Any) -> None:
         self.untoggles += 1
         super(cls, self).untoggle_optimizer(optimizer)
 
-    own = {"toggle_optimizer": toggle_optimizer, "untoggle_optimizer": untoggle_optimizer}
-    cls = type("UserHeads", (base,), {name: own[name] for name in names})
+    body: dict[str, Any] = {"untoggle_optimizer": untoggle_optimizer}
+    if toggle is not None:
+        body["toggle_optimizer"] = toggle_optimizer
+    cls = type("UserHeads", (base,), body)
     m.__class__ = cls
     m.untoggles = 0
 
@@ -154,6 +169,7 @@ SCENARIOS: dict[str, Callable[[Any], None]] = {
     "a block, untoggle_optimizer overridden": _own_untoggle_block,
     "nested blocks, untoggle_optimizer overridden": _own_nested_blocks,
     "a block over the module's own toggle_optimizer": _own_toggle_block,
+    "a block, toggle_optimizer returning None": _forgotten_return_block,
 }
 # An ExitStack calls the __exit__ it looked up on the class: interrupted at that function's first
 # line, the block closes once the stack lets go of it, which the interrupt's traceback delays (a
@@ -166,7 +182,7 @@ def _module(flavour: str, cached: bool, scenario: Callable[[Any], None]) -> tupl
     spy = SyncSpy()
     m._trainer.strategy = spy
     if scenario in _USER_METHODS:
-        _with_own_methods(m, _USER_METHODS[scenario])
+        _with_own_methods(m, _USER_METHODS[scenario], flavour)
     if cached:
         scenario(m)  # every plan the scenario needs is cached
         m.untoggles = 0
@@ -242,7 +258,7 @@ def _interrupt_at(k: int, flavour: str, cached: bool, run: Callable[[Any], None]
     # the next block is a flat one, exactly Lightning's toggle
     with toggleshim.toggle(m, m.opts[1], zero_grad=False, step=False):
         stack = open_toggles(m)
-        if "toggle_optimizer" not in _USER_METHODS.get(run, ()):  # (the module's own toggle: none of ours)
+        if _USER_METHODS.get(run) != "own":  # (the module's own toggle: none of toggleshim's)
             assert len(stack) == 1 and type(stack[0]) is _toggle._Flat, (k, inter.where)
         expected = three_heads(flavour, n_opt=3, frozen=True, shared=True)
         original(flavour, "toggle_optimizer")(expected, expected.opts[1])

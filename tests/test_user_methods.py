@@ -242,3 +242,56 @@ def test_an_untoggle_override_that_raises_propagates_and_closes_the_block(flavou
     assert not module.a.weight.requires_grad and module.b.weight.requires_grad
     with pytest.raises(RuntimeError), block:
         pass
+
+
+# -- an override that forgets to return super()'s toggle, in nested blocks ----------------------------
+
+
+@functools.cache
+def _train_nested(flavour: str, toggle: str) -> dict[str, Any]:
+    """Trains with a block over the backbone's optimizer and, inside it, one over head b's (sharing a
+    backbone weight), through ``toggleshim.toggle``; ``toggle``: the class's ``toggle_optimizer``
+    returns ``super()``'s toggle ("super") or forgets to ("none")."""
+    base = _module_class(flavour, toggle, "log")
+
+    class Nested(base):  # type: ignore[misc, valid-type]
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            x, _ = batch
+            a, b = self.optimizers()
+            with toggleshim.toggle(self, a):
+                self.manual_backward(self.head_a(self.backbone(x)).square().mean())
+                with toggleshim.toggle(self, b):
+                    self.seen.append(tuple(p.requires_grad for p in self.parameters()))
+                    self.manual_backward(self.head_b(self.backbone(x)).square().mean())
+                self.seen.append(tuple(p.requires_grad for p in self.parameters()))
+            self.seen.append(tuple(p.requires_grad for p in self.parameters()))
+
+    model = Nested("toggle")
+    before = tuple(p.requires_grad for p in model.parameters())
+    trainer = M.flavour_module(flavour).Trainer(max_epochs=1, **M.TRAINER_DEFAULTS)
+    trainer.fit(model)
+    inner = {id(p) for p in model.head_b.parameters()}
+    return {
+        "error": None,
+        "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "state": [getattr(o, "optimizer", o).state_dict() for o in model.trainer.optimizers],
+        "seen": model.seen,
+        "untoggles": model.untoggles,
+        "global_step": trainer.global_step,
+        "before": before,
+        "inner trainable": [all(rg for p, rg in zip(model.parameters(), seen) if id(p) in inner)
+                            for seen in model.seen[::3]],
+    }
+
+
+def test_an_override_that_forgets_to_return_its_toggle_nests_as_one_that_returns_it(flavour: str) -> None:
+    """``toggle_optimizer`` overridden around ``super()`` without ``return`` (a logging override): the
+    toggle its ``super()`` made is the block all the same, so blocks nest as toggleshim's do, bitwise
+    as with the override that returns it: the inner optimizer's own parameters are trainable in its
+    block, and the outer block's exit restores the state it found. (Run as the module's own toggle
+    and untoggle, Lightning's nesting would freeze head b for good.)"""
+    returned, forgotten = _train_nested(flavour, "super"), _train_nested(flavour, "none")
+    _assert_same(forgotten, returned)
+    assert all(forgotten["inner trainable"]), "the inner block's own parameters were frozen"
+    assert forgotten["seen"][2] == forgotten["seen"][-1]  # every step ends where the first did
+    assert forgotten["untoggles"] == returned["untoggles"] == 2 * BATCHES

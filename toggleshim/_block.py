@@ -257,8 +257,12 @@ class Toggle(Generic[_OptT]):
             if state is not None:
                 state.exiting = None
         if made is not None and not made.done:  # the override did not call super().untoggle_optimizer
+            # ... or an interrupt stopped it first: then toggleshim's untoggle runs, writing (a Ctrl-C
+            # never leaves the toggle half-undone); an override that returned, or raised an error,
+            # without super() has the last word on requires_grad: let go without writing
+            interrupted = error is not None and not isinstance(error, Exception)
             try:
-                surely(made.unwind, False)
+                surely(made.unwind, interrupted)
             except BaseException as e:
                 error = first(error, e)
         return error
@@ -415,7 +419,10 @@ def _toggle_optimizer(self: Any, optimizer: _OptT, **flags: Unpack[Flags]) -> To
     given = _flags_of(flags) if flags else _DEFAULTS
     trainer = self.trainer  # Lightning's own RuntimeError when not attached to a Trainer
     sync = None if given["sync_grad"] else getattr(trainer.strategy, "block_backward_sync", None)
-    return _block(self, optimizer, given, sync, _toggle.toggle(self, optimizer, trainer.optimizers))
+    made = _block(self, optimizer, given, sync, _toggle.toggle(self, optimizer, trainer.optimizers))
+    if _CATCHES:  # an override's super() call, under toggle(): see _through_own_toggle
+        _catch(self, made)
+    return made
 
 
 def toggle(module: Any, optimizer: _OptT, **flags: Unpack[Flags]) -> Toggle[_OptT]:
@@ -438,17 +445,54 @@ def toggle(module: Any, optimizer: _OptT, **flags: Unpack[Flags]) -> Toggle[_Opt
 def _through_own_toggle(module: Any, optimizer: _OptT, flags: Mapping[str, Any]) -> Toggle[_OptT]:
     """``toggle()`` on a module whose class overrides ``toggle_optimizer``: the block is the manual
     sequence with the module's own methods. The override is called as ``self.toggle_optimizer(opt)``
-    is (the optimizer alone). When it returns the toggle ``super().toggle_optimizer`` made, that is the
-    block, with these flags; otherwise (it returns None, or makes its own toggle) the block runs
-    ``zero_grad``, the body, ``step`` and ``self.untoggle_optimizer(opt)`` around it."""
+    is (the optimizer alone). The toggle its ``super().toggle_optimizer(opt)`` made is the block,
+    with these flags, whether the override returns it or not (an override that returns None has
+    only forgotten to: with Lightning's own toggle under it, blocks nested in it would freeze the
+    inner optimizer's parameters for good). An override that makes no toggle of toggleshim's (it
+    never calls ``super()``, or on a Lightning toggleshim has not verified) makes a block that runs
+    ``zero_grad``, the body, ``step`` and ``self.untoggle_optimizer(opt)`` around its toggle."""
     given = _flags_of(flags)
     # read before the toggle: a failing strategy changes nothing
     sync = None if given["sync_grad"] else getattr(module.trainer.strategy, "block_backward_sync", None)
-    made = module.toggle_optimizer(optimizer)
+    catch = _Catch(module)
+    ref = _ref(catch)
+    try:
+        _CATCHES.append(ref)
+        made = module.toggle_optimizer(optimizer)
+    finally:
+        _CATCHES[:] = [r for r in _CATCHES if r is not ref and r() is not None]
+    caught = catch.made
+    if made is None and caught is not None and caught._made is not None and caught._made.enterable():
+        made = caught  # the return forgotten
     if isinstance(made, Toggle) and made._phase == _MADE and made._module is module and made._optimizer is optimizer:
         made._flags, made._sync = given, sync
         return made
     return _block(module, optimizer, given, sync, None)
+
+
+class _Catch:
+    """The toggle an override's ``super().toggle_optimizer`` call makes, while ``toggle()`` runs the
+    override (held by that call's frame alone; :data:`_CATCHES` refers to it weakly)."""
+
+    __slots__ = ("__weakref__", "made", "module")
+
+    made: Toggle[Any] | None
+
+    def __init__(self, module: Any) -> None:
+        self.module, self.made = module, None
+
+
+# The catches of the overrides running under toggle(), innermost last (weak references: one an
+# interrupt leaves behind is dead once its frame is gone)
+_CATCHES: list[weakref.ref[_Catch]] = []
+
+
+def _catch(module: Any, made: Toggle[Any]) -> None:
+    for ref in reversed(_CATCHES):
+        catch = ref()
+        if catch is not None and catch.module is module:
+            catch.made = made
+            return
 
 
 # -- the fallback: a Lightning whose toggle code toggleshim has not verified ----------------------

@@ -214,11 +214,14 @@ class ToggleModel:
             self._write(ov.untoggle_sets)
 
     def block_toggle(self, k: int) -> Frame:
-        """A block's toggle (every entry point): where the override returns no toggle (``toggleshim.
-        toggle`` calls it), the block is the module's own sequence around the toggle it made."""
+        """A block's toggle (every entry point). An override that returns None (``toggleshim.toggle``
+        calls it) has only forgotten to return what its ``super()`` made: that toggle is the block,
+        as where it is returned. Where the override makes no toggle of toggleshim's (it never calls
+        ``super()``; or the manual sequence, Lightning's own methods), the block is the module's own
+        sequence around the toggle it made."""
         frame = self.toggle_call(k)
         ov = self.overrides
-        if ov is not None and ov.toggle in ("none", "own"):
+        if ov is not None and (ov.toggle == "own" or (ov.toggle == "none" and self.lightning)):
             return Frame(k, nested=False, user={}, own_block=True)
         assert frame is not None
         return frame
