@@ -82,6 +82,23 @@ class Interrupter:
         return self._line
 
 
+class AtFirstLine(Interrupter):
+    """Raises ``KeyboardInterrupt`` once, at the first line run of any of ``codes`` (code objects:
+    ``Toggle._exit.__code__``, the class-level ``__exit__``...), where no ``try`` of the function's
+    own can catch it."""
+
+    def __init__(self, *codes: Any) -> None:
+        super().__init__()
+        self.codes = codes
+
+    def _line(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_code in self.codes and self.raised is None:
+            self.where = f"line {frame.f_lineno} of {frame.f_code.co_name}"
+            self.raised = KeyboardInterrupt(self.where)
+            raise self.raised
+        return self._line
+
+
 class Refusing(nn.Parameter):
     """A parameter whose ``requires_grad`` setter refuses one value (subclasses and hooks can)."""
 

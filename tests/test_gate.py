@@ -241,7 +241,7 @@ def test_fallback_ctrl_c_at_the_first_line_of_the_exit_closes_the_block(flavour:
     catch it: the exit guard closes the block when the ``with`` statement lets go of ``__exit__``,
     calling that Lightning's own ``untoggle_optimizer`` (there is no other untoggle), once; the module
     is not kept open (the next block is not refused as a nested one)."""
-    from _hostile import Interrupter
+    from _hostile import AtFirstLine
 
     from toggleshim import _block
 
@@ -256,16 +256,8 @@ def test_fallback_ctrl_c_at_the_first_line_of_the_exit_closes_the_block(flavour:
             lightning_untoggle(self, optimizer)
 
         module.untoggle_optimizer = counting.__get__(module)
-        exit_code = _block.Toggle._exit.__code__
-
-        class AtExit(Interrupter):
-            def _line(self, frame: Any, event: str, arg: Any) -> Any:
-                if event == "line" and frame.f_code is exit_code and self.raised is None:
-                    self.raised = KeyboardInterrupt("at the first line of __exit__")
-                    raise self.raised
-                return self._line
-
-        with AtExit() as inter, pytest.raises(KeyboardInterrupt) as caught, module.toggle_optimizer(opt):
+        at_exit = AtFirstLine(_block.Toggle._exit.__code__)
+        with at_exit as inter, pytest.raises(KeyboardInterrupt) as caught, module.toggle_optimizer(opt):
             assert not module.b.weight.requires_grad
         assert caught.value is inter.raised
         assert calls == [opt] and all(state(module).values())

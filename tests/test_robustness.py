@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 from _fixtures import pl, state, three_heads
-from _hostile import Interrupter, Refusing
+from _hostile import AtFirstLine, Interrupter, Refusing
 from torch import nn
 
 import toggleshim
@@ -279,18 +279,8 @@ def test_ctrl_c_before_exit_runs_closes_the_block(flavour: str) -> None:
     before = state(m)
     with m.toggle_optimizer(m.opts[0]):
         pass  # cached plan
-    exit_fn = _block.Toggle._exit
-    first_line = exit_fn.__code__.co_firstlineno
-
-    class AtExit(Interrupter):
-        def _line(self, frame: Any, event: str, arg: Any) -> Any:
-            if event == "line" and frame.f_code is exit_fn.__code__ and self.raised is None:
-                self.where = f"line {frame.f_lineno} of _exit (def at {first_line})"
-                self.raised = KeyboardInterrupt(self.where)
-                raise self.raised
-            return self._line
-
-    with AtExit() as inter, pytest.raises(KeyboardInterrupt) as caught, m.toggle_optimizer(m.opts[0]):
+    at_exit = AtFirstLine(_block.Toggle._exit.__code__)
+    with at_exit as inter, pytest.raises(KeyboardInterrupt) as caught, m.toggle_optimizer(m.opts[0]):
         assert state(m) != before
     assert caught.value is inter.raised
     assert state(m) == before and not open_toggles(m)
@@ -307,20 +297,13 @@ def test_ctrl_c_at_the_first_line_of_the_exit_closes_the_block_every_way_in(flav
     codes = {_block.Toggle._exit.__code__, type(m.toggle_optimizer(m.opts[0])).__exit__.__code__}
     m.untoggle_optimizer(m.opts[0])
 
-    class AtExit(Interrupter):
-        def _line(self, frame: Any, event: str, arg: Any) -> Any:
-            if event == "line" and frame.f_code in codes and self.raised is None:
-                self.raised = KeyboardInterrupt(f"line {frame.f_lineno} of {frame.f_code.co_name}")
-                raise self.raised
-            return self._line
-
     async def in_async_stack() -> None:
         async with contextlib.AsyncExitStack() as stack:
             stack.enter_context(m.toggle_optimizer(m.opts[0]))
             assert state(m) != before
 
     def interrupted() -> bool:
-        with AtExit() as inter:
+        with AtFirstLine(*codes) as inter:
             try:
                 if way == "ExitStack":
                     with contextlib.ExitStack() as stack:
@@ -351,17 +334,8 @@ def test_a_class_level_exit_held_elsewhere_never_takes_the_with_statements_watch
     when an interrupt at that exit's first line makes the with statement let go of it."""
     m = three_heads(flavour, n_opt=3)
     before = state(m)
-    exit_code = _block.Toggle._exit.__code__
-
-    class AtExit(Interrupter):
-        def _line(self, frame: Any, event: str, arg: Any) -> Any:
-            if event == "line" and frame.f_code is exit_code and self.raised is None:
-                self.raised = KeyboardInterrupt("at the first line of __exit__")
-                raise self.raised
-            return self._line
-
-    with AtExit() as inter:
-        held = _block.Toggle.__exit__  # (after AtExit's __enter__, which forgets any lookup)
+    with AtFirstLine(_block.Toggle._exit.__code__) as inter:
+        held = _block.Toggle.__exit__  # (after the tracer's __enter__, which forgets any lookup)
         with pytest.raises(KeyboardInterrupt) as caught, m.toggle_optimizer(m.opts[0]):
             assert state(m) != before
     assert caught.value is inter.raised
@@ -439,17 +413,8 @@ def test_explicit_enter_and_exit_calls_keep_the_guarantees_with_a_retry(flavour:
     before = state(m)
     block = m.toggle_optimizer(m.opts[0])
     block.__enter__()
-    exit_fn = _block.Toggle._exit
-
-    class AtExit(Interrupter):
-        def _line(self, frame: Any, event: str, arg: Any) -> Any:
-            if event == "line" and frame.f_code is exit_fn.__code__ and self.raised is None:
-                self.raised = KeyboardInterrupt("first line")
-                raise self.raised
-            return self._line
-
     exit_method = block.__exit__
-    with AtExit(), pytest.raises(KeyboardInterrupt):
+    with AtFirstLine(_block.Toggle._exit.__code__), pytest.raises(KeyboardInterrupt):
         exit_method(None, None, None)
     assert open_toggles(m)  # still open: the caller holds the exit it called
     block.__exit__(None, None, None)
