@@ -131,6 +131,11 @@ def _train(flavour: str, toggle: str | None, untoggle: str | None, entry: str) -
             trainer.fit(model)
     except RuntimeError as e:  # a user's own toggle that never restores what it froze: the same failure
         error = str(e)
+    return _outcome(model, trainer, error)
+
+
+def _outcome(model: Any, trainer: Any, error: str | None) -> dict[str, Any]:
+    """What a training run left, for :func:`_assert_same`."""
     return {
         "error": error,
         "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
@@ -267,21 +272,11 @@ def _train_nested(flavour: str, toggle: str) -> dict[str, Any]:
             self.seen.append(tuple(p.requires_grad for p in self.parameters()))
 
     model = Nested("toggle")
-    before = tuple(p.requires_grad for p in model.parameters())
     trainer = M.flavour_module(flavour).Trainer(max_epochs=1, **M.TRAINER_DEFAULTS)
     trainer.fit(model)
     inner = {id(p) for p in model.head_b.parameters()}
-    return {
-        "error": None,
-        "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
-        "state": [getattr(o, "optimizer", o).state_dict() for o in model.trainer.optimizers],
-        "seen": model.seen,
-        "untoggles": model.untoggles,
-        "global_step": trainer.global_step,
-        "before": before,
-        "inner trainable": [all(rg for p, rg in zip(model.parameters(), seen) if id(p) in inner)
-                            for seen in model.seen[::3]],
-    }
+    trainable = [all(rg for p, rg in zip(model.parameters(), seen) if id(p) in inner) for seen in model.seen[::3]]
+    return {**_outcome(model, trainer, None), "inner trainable": trainable}
 
 
 def test_an_override_that_forgets_to_return_its_toggle_nests_as_one_that_returns_it(flavour: str) -> None:
