@@ -498,8 +498,8 @@ class ShimDriver:
 
 def _kind(world: World, op: Block) -> str:
     """What a block of ``op`` is over, as its repr names it: the module's own toggle (an override that
-    returns no toggle of toggleshim's), the fallback (unverified Lightning code), or toggleshim's toggle
-    of the optimizer passed (its class's name)."""
+    never calls ``super()``: one that returns None has its ``super()``'s toggle caught), the fallback
+    (unverified Lightning code), or toggleshim's toggle of the optimizer passed (its class's name)."""
     if world.overrides is not None and world.overrides.toggle == "own":
         return "own"
     if route(world.module) is not None:
