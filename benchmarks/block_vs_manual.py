@@ -1,0 +1,128 @@
+#!/usr/bin/env python
+"""One block against what a user would run instead, in a process WITHOUT toggleshim.
+
+    python benchmarks/block_vs_manual.py                      # 10, 100, 1,000 parameters; 7 pairs each
+    python benchmarks/block_vs_manual.py --params 10 --runs 11
+
+Per row, fresh processes alternate (``benchmarks/_crossproc.py``):
+
+* ``block``: ``import toggleshim``; ``with module.toggle_optimizer(opt): body()`` (toggle, zero_grad on
+  entry, step on a clean exit, untoggle), the module's class checked for overrides as always;
+* ``manual``: toggleshim never imported (the child checks); Lightning's manual sequence
+  ``module.toggle_optimizer(opt)``; ``try: opt.zero_grad(); body(); opt.step()``
+  ``finally: module.untoggle_optimizer(opt)``.
+
+The module holds ``P`` parameters (each ``torch.zeros(4)``) split evenly over ``K`` plain SGD optimizers,
+attached to a stand-in trainer exposing ``optimizers``; one iteration toggles every optimizer once, and
+times are per toggled optimizer. Body ``grad`` gives every parameter of the optimizer a gradient (SGD
+updates each); ``none`` does nothing (the optimizer's fixed costs only). The ratio is block/manual:
+below 1, the block is cheaper than the sequence it replaces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from _crossproc import child_main, compare, header
+
+TARGETS = {10: 1.05}  # block/manual at most this; 1.00 from 100 parameters up
+
+
+def _workload(variant: str, options: dict[str, str]) -> Callable[[int], None]:
+    import torch
+    from lightning.pytorch import LightningModule
+    from torch import nn
+
+    if variant == "block":
+        import toggleshim
+
+        assert toggleshim.is_installed()
+
+    assert ("toggleshim" in sys.modules) == (variant == "block"), "the anchor must run without toggleshim"
+    n_params, n_opts, body_kind = int(options["params"]), int(options["opts"]), options["body"]
+
+    class Bench(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.params = nn.ParameterList([nn.Parameter(torch.zeros(4)) for _ in range(n_params)])
+
+    class TrainerStandIn:
+        def __init__(self, optimizers: list[torch.optim.Optimizer]) -> None:
+            self.optimizers = optimizers
+
+    module = Bench()
+    params = list(module.params)
+    groups = [params[i * n_params // n_opts:(i + 1) * n_params // n_opts] for i in range(n_opts)]
+    opts = [torch.optim.SGD(g, lr=1e-3) for g in groups]
+    module.trainer = TrainerStandIn(opts)
+    grad = torch.full((4,), 1e-3)
+
+    def make_body(group: list[nn.Parameter]) -> Callable[[], None]:
+        def body() -> None:
+            for p in group:
+                p.grad = grad
+
+        return body if body_kind == "grad" else (lambda: None)
+
+    pairs = [(opt, make_body(g)) for opt, g in zip(opts, groups)]
+
+    def block(n: int) -> None:
+        for _ in range(n):
+            for opt, body in pairs:
+                with module.toggle_optimizer(opt):
+                    body()
+
+    def manual(n: int) -> None:
+        for _ in range(n):
+            for opt, body in pairs:
+                module.toggle_optimizer(opt)
+                try:
+                    opt.zero_grad()
+                    body()
+                    opt.step()
+                finally:
+                    module.untoggle_optimizer(opt)
+
+    run = block if variant == "block" else manual
+
+    def per_toggle(n: int) -> None:
+        run(n)
+
+    return per_toggle
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        child_main(argv[1:], {"toggle": _workload})
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--params", default="10,100,1000", help="parameter counts (comma-separated)")
+    p.add_argument("--opts", type=int, default=2, help="optimizers (default 2)")
+    p.add_argument("--body", default="grad,none", help="bodies: grad, none (comma-separated)")
+    p.add_argument("--runs", type=int, default=7, help="pairs of processes per row (default 7)")
+    p.add_argument("--seconds", type=float, default=1.0, help="CPU seconds timed per process (default 1)")
+    args = p.parse_args(argv)
+    command = "python benchmarks/block_vs_manual.py " + " ".join(argv)
+    lines = [header(command.strip()), "",
+             "| params | opts | body | block µs | manual µs | block/manual (range over pairs) | target |",
+             "|---:|---:|:---|---:|---:|:---|---:|"]
+    failed = False
+    for n in (int(x) for x in args.params.split(",")):
+        for body in args.body.split(","):
+            options = {"params": str(n), "opts": str(args.opts), "body": body, "seconds": str(args.seconds)}
+            r = compare(__file__, "toggle", "block", "manual", options, args.runs)
+            target = TARGETS.get(n, 1.00)
+            failed |= r.ratio > target
+            per = args.opts  # an iteration toggles every optimizer once
+            lines.append(f"| {n:,} | {args.opts} | {body} | {r.a_us / per:.1f} | {r.b_us / per:.1f} | {r.cell()} | "
+                         f"≤ {target:.2f} |")
+            print(lines[-1], file=sys.stderr, flush=True)
+    print("\n".join(lines))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
