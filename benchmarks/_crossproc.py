@@ -52,7 +52,10 @@ def _batch(run: Callable[[int], None], n: int) -> float:
             gc.enable()
 
 
-def child_main(argv: Sequence[str], workloads: dict[str, Callable[[str, dict[str, str]], Callable[[int], None]]]) -> None:
+Workload = Callable[[str, dict[str, str]], Callable[[int], None]]  # (variant, options) -> run(n)
+
+
+def child_main(argv: Sequence[str], workloads: dict[str, Workload]) -> None:
     """``--child VARIANT WORKLOAD key=value...``: build the workload for the variant, print its time."""
     variant, workload, *pairs = argv
     options = dict(p.split("=", 1) for p in pairs)
@@ -110,7 +113,7 @@ def header(command: str) -> str:
         from importlib.metadata import version
 
         lightning = version("lightning")
-    except Exception:  # noqa: BLE001 - a label only
+    except Exception:  # a label only
         lightning = "?"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout
     return (f"`{command}`, commit {commit.strip() or '?'}, Python {platform.python_version()}, torch "
