@@ -307,7 +307,7 @@ def check_fixture(fx: Fixture) -> None:
     finally:
         fx.bodies = saved
     # the twin's toggled_optimizer ran Lightning's originals: toggleshim never saw the twin
-    assert _toggle._state_if_any(fx.twin) is None, "toggled_optimizer went through toggleshim"
+    assert _toggle.state_if_any(fx.twin) is None, "toggled_optimizer went through toggleshim"
 
 
 # -- timing -----------------------------------------------------------------------------------
@@ -659,7 +659,7 @@ def run_memory(args: argparse.Namespace, report: dict[str, Any]) -> str:
         diff = [d for d in after.compare_to(before, "filename") if d.size_diff]
         by_file = sorted(diff, key=lambda d: -abs(d.size_diff))
         shim = sum(d.size_diff for d in diff if "toggleshim" in d.traceback[0].filename)
-        state = _toggle._state_if_any(fx.module)
+        state = _toggle.state_if_any(fx.module)
         rows.append({
             "variant": name, "toggles": count * n_opts, "growth_kib": (current - base) / 1024,
             "toggleshim_growth_kib": shim / 1024,

@@ -83,7 +83,7 @@ def _record(world: Any) -> list[bool | None]:
 
 
 def _open(world: Any) -> list[Any]:
-    state = _toggle._state_if_any(world.module)
+    state = _toggle.state_if_any(world.module)
     return [] if state is None else list(state.stack)
 
 

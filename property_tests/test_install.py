@@ -319,8 +319,10 @@ class InstallMachine(RuleBasedStateMachine):
                 assert fn is self.lightning[key], f"{key}: not Lightning's own function"
             elif held == "ours":
                 assert _patch._original_of(fn) is self.lightning[key], f"{key}: not toggleshim's"
-                for mark in ("_torchdynamo_disable", "_torchdynamo_disable_recursive"):  # torch.compile's
-                    assert getattr(fn, mark, None) == getattr(self.lightning[key], mark, None), (key, mark)
+                # torch.compile runs ours eagerly, as Lightning's newest source marks its own
+                assert getattr(fn, "_torchdynamo_disable", None) is True, key
+                recursive = getattr(self.lightning[key], "_torchdynamo_disable_recursive", True)
+                assert fn._torchdynamo_disable_recursive == recursive, key
             else:
                 assert fn is self.foreign[key][-1][0], f"{key}: someone else's patch was replaced"
         assert len(_patch._hooks()) == int(self.hooked), "not exactly one import hook while installed"

@@ -16,10 +16,10 @@ from toggleshim import _block, _toggle
 
 PACKAGE = str(Path(toggleshim.__file__).parent)
 HARNESS = str(Path(PACKAGE) / "testing")
-# Not the toggle's lines: run by the garbage collector, the import system or the interpreter at any
-# time (toggleshim's import hook and audit hook, run at every audit event, `id()` among them; the weak
-# reference callback of a module's state, a lambda in _state: a module dying).
-ASYNCHRONOUS = {"_drop_caches", "_forget", "find_spec", "_audit"}
+# Not the toggle's lines: run by the import system or the interpreter at any time (toggleshim's import
+# hook and the meta path's iteration, at every import; the weak reference callbacks of a module's
+# state, a lambda in _state: a module dying, and of its cached layout: a parameter dying).
+ASYNCHRONOUS = {"_forget", "find_spec", "__iter__", "_is_hook", "_stale"}
 ASYNCHRONOUS_CODE = {c for c in _toggle._state.__code__.co_consts if hasattr(c, "co_code")}
 
 
@@ -43,7 +43,7 @@ class Interrupter:
     def __enter__(self) -> Interrupter:
         # A stale class-level lookup of Toggle.__exit__ (pydoc, inspect: see _block._ExitGuard) would
         # run a few lines more in the next __enter__ only: every run starts without one
-        _block._LOOKED_UP.clear()
+        _block._local.__dict__.pop("exit", None)
         sys.settrace(self._call)
         return self
 

@@ -6,6 +6,7 @@ for nesting. Fresh-process runs at the end: what a user upgrading Lightning meet
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import subprocess
 import sys
@@ -256,7 +257,7 @@ def test_fallback_ctrl_c_at_the_first_line_of_the_exit_closes_the_block(flavour:
             lightning_untoggle(self, optimizer)
 
         module.untoggle_optimizer = counting.__get__(module)
-        at_exit = AtFirstLine(_block.Toggle._exit.__code__)
+        at_exit = AtFirstLine(inspect.unwrap(_block.Toggle._exit).__code__)
         with at_exit as inter, pytest.raises(KeyboardInterrupt) as caught, module.toggle_optimizer(opt):
             assert not module.b.weight.requires_grad
         assert caught.value is inter.raised
@@ -368,12 +369,13 @@ def test_fallback_sync_grad_false_blocks_gradient_sync(flavour: str) -> None:
         assert all(state(module).values())
 
 
-def test_route_gives_the_typed_entry_point_the_fallback(flavour: str) -> None:
+def test_the_typed_entry_points_take_the_fallback(flavour: str) -> None:
     module = three_heads(flavour)
-    assert _ours.route(module) is None  # verified code: toggleshim.toggle is the shim's own
+    assert repr(toggleshim.toggle(module, module.opts[0])).startswith("<toggleshim.Toggle toggled optimizer=")
+    module.untoggle_optimizer(module.opts[0])
     with fake_release(flavour, changed=True):
-        fallback = _ours.route(module)
-        assert fallback is not None
+        fallback = type(module).toggle_optimizer
+        assert _ours.original_of(fallback) is not None and getattr(fallback, _ours.MODE) == "fallback"
         with fallback(module, module.opts[0]) as opt:
             assert opt is module.opts[0] and not module.b.weight.requires_grad
         for entry in (toggleshim.toggle, toggleshim.Toggle):  # both typed entry points take it

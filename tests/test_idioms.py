@@ -71,9 +71,14 @@ def test_a_nested_block_over_the_same_optimizer_steps_once(flavour: str) -> None
 
 
 def test_watching_for_steps_leaves_the_optimizer_as_it_was(flavour: str) -> None:
-    """Nothing is added to the optimizer: inside the block and after it, its attributes, hooks,
-    ``state_dict``, deepcopy and pickle round trip are those of the same optimizer driven by
-    Lightning's own manual sequence (the same keys, the same momentum buffers, bit for bit)."""
+    """Nothing stays on the optimizer: inside the block and after it, its attributes, ``state_dict``,
+    deepcopy and pickle round trip are those of the same optimizer driven by Lightning's own manual
+    sequence (the same keys, the same momentum buffers, bit for bit); its step hooks are the same but
+    for the block's own step watch while the block is open (taken off at its exit), and torch's
+    process-wide step hooks are never touched."""
+    from torch.optim import optimizer as torch_optimizer
+
+    global_hooks = dict(torch_optimizer._global_optimizer_post_hooks)
     module, twin = three_heads(flavour), three_heads(flavour)
     opt, twin_opt = module.opts[0], twin.opts[0]
 
@@ -97,6 +102,9 @@ def test_watching_for_steps_leaves_the_optimizer_as_it_was(flavour: str) -> None
         with module.toggle_optimizer(opt):
             module.a.weight.sum().backward()
             inside = seen(opt)
+            (watch,) = inside[1].values()  # the block's own, alone
+            assert watch.__self__._optimizer is opt and watch.__func__.__name__ == "_note_step"
+            inside = (inside[0], {}, *inside[2:])
         toggle_fn(twin, twin_opt)
         try:
             twin_opt.zero_grad()
@@ -108,6 +116,7 @@ def test_watching_for_steps_leaves_the_optimizer_as_it_was(flavour: str) -> None
         assert inside == twin_inside
         assert seen(opt) == seen(twin_opt)
     assert seen(opt)[1] == {} and opt.state_dict()["state"]  # no hook of ours on it; state to compare
+    assert dict(torch_optimizer._global_optimizer_post_hooks) == global_hooks
 
 
 def test_lightning_idiom_typed_into_a_block_fails_at_the_first_batch_in_trainer_fit(flavour: str) -> None:

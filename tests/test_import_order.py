@@ -1,7 +1,8 @@
 """Import orders toggleshim must survive (issue 25, points 4 and 5), each in a fresh process, as users run it.
 
 Another import hook in front of toggleshim's (typeguard's import hook, ``beartype.claw``, a plain finder
-delegating to ``PathFinder``): Lightning imported after it is still patched, by the audit hook, and a
+delegating to ``PathFinder``): Lightning imported after it is still patched, by toggleshim's hook (asked
+first wherever it stands: ``sys.meta_path`` is a list that hands it out first), and a
 ``with`` block runs under a real ``Trainer.fit``. Warnings as errors (``python -W error``, pytest's
 ``filterwarnings = error``), in both import orders, on verified and on unverified toggle code: the
 imports complete, and toggleshim's warning is raised from toggleshim's own entry points (the fallback
@@ -117,7 +118,7 @@ from toggleshim import _spawn
 import colorsys  # a module not loaded yet: behind another finder, its import registers the Trainer
 assert _spawn.registered(sys.modules["{flavour}"].Trainer)  # spawned ranks import toggleshim
 loader = sys.modules["{flavour}.core.module"].__spec__.loader
-print("loaded by", type(loader).__name__)
+print("loaded by", type(loader).__name__, "over", type(getattr(loader, "_loader", None)).__name__)
 """
 
 
@@ -128,11 +129,10 @@ print("loaded by", type(loader).__name__)
 @pytest.mark.parametrize("how", ["import {flavour}", "importlib.import_module({flavour!r})",
                                  "importlib.import_module({flavour!r} + '.core.module')"])
 def test_lightning_behind_a_delegating_finder_is_patched_and_trains(flavour: str, how: str) -> None:
-    """Behind a finder that answers first, the audit hook patches the flavour at the next import of a
-    module not loaded yet. Lightning's package imports more modules after its ``core.module``, so this
-    holds however the user's code imports it: an import statement, or ``importlib.import_module``
-    (which raises the audit event only for the modules imported in turn), of the package or of
-    ``core.module`` itself (its package runs first)."""
+    """A finder inserted in front of toggleshim's hook, answering every module itself: the import
+    system still asks toggleshim's hook first (``sys.meta_path`` hands it out first), which wraps the
+    loader that finder returns, however the user's code imports Lightning: an import statement, or
+    ``importlib.import_module``, of the package or of ``core.module`` itself."""
     name = flavour
     code = textwrap.dedent("""
         import importlib, importlib.machinery, sys, warnings
@@ -152,8 +152,8 @@ def test_lightning_behind_a_delegating_finder_is_patched_and_trains(flavour: str
         flavour=name)
     proc = _run([sys.executable, "-c", code])
     assert proc.returncode == 0, proc.stderr
-    # the delegating finder's loader ran core.module (not toggleshim's): the audit hook patched it
-    assert "loaded by SourceFileLoader" in proc.stdout and "fit ok" in proc.stdout, proc.stdout
+    # the delegating finder's loader ran core.module, wrapped by toggleshim's hook
+    assert "loaded by _PatchingLoader over SourceFileLoader" in proc.stdout and "fit ok" in proc.stdout, proc.stdout
 
 
 # Lightning < 2.4 warns at its own import (pkg_resources, lightning_utilities' deprecations): those
@@ -174,7 +174,7 @@ def test_lightning_behind_typeguards_import_hook_is_patched() -> None:
     """) + _PATCHED.format(flavour="lightning.pytorch") + _ATTACHED.format(flavour="lightning.pytorch")
     proc = _run([sys.executable, "-W", "ignore", "-c", code])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "loaded by TypeguardLoader" in proc.stdout and "block ok" in proc.stdout, proc.stdout
+    assert "loaded by _PatchingLoader over TypeguardLoader" in proc.stdout and "block ok" in proc.stdout, proc.stdout
 
 
 def test_lightning_under_beartype_claw_is_patched_and_uninstall_gives_beartypes_method_back() -> None:
@@ -213,7 +213,7 @@ def test_lightning_behind_a_finder_after_uninstall_is_left_alone_until_install()
         toggleshim.uninstall()
         sys.meta_path.insert(0, Delegating())
         import lightning.pytorch as pl
-        import json.tool  # more imports: the audit hook stays inert
+        import json.tool  # more imports: nothing of toggleshim's acts
         assert not toggleshim.is_installed()
         assert not hasattr(vars(pl.LightningModule)["toggle_optimizer"], "_toggleshim_original")
         toggleshim.install()
@@ -227,8 +227,8 @@ def test_lightning_behind_a_finder_after_uninstall_is_left_alone_until_install()
 @pytest.mark.parametrize("finder", ["in front", "none"])
 def test_warning_at_a_lightning_import_points_at_lightnings_import_statement(finder: str) -> None:
     """The gate's warning for a flavour imported later points where that import happened in
-    Lightning's package (the meta_path hook: the statement importing core.module; the audit hook:
-    the next import statement), never into toggleshim."""
+    Lightning's package (the statement importing core.module, with or without a finder in front of
+    toggleshim's hook), never into toggleshim."""
     code = textwrap.dedent("""
         import importlib.machinery, os, sys, warnings
         import toggleshim
@@ -253,44 +253,49 @@ def test_warning_at_a_lightning_import_points_at_lightnings_import_statement(fin
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-# the audit hook itself (in this process): never raises what it can hold back, never holds back an interrupt
+# the install an import runs (the hook's loader, in this process): never raises what it can hold back,
+# never holds back an interrupt
 
 
 @pytest.fixture
-def unjudged(monkeypatch: pytest.MonkeyPatch, flavour: str) -> Iterator[str]:
-    """``flavour`` as if its ``core.module`` ran behind another finder: unpatched, not judged yet."""
+def unpatched(flavour: str) -> Iterator[str]:
+    """``flavour`` as if its ``core.module`` had just run: not patched yet."""
     toggleshim.uninstall()
-    _patch._armed[0] = True  # as install() left it (uninstall() and install() at the end put it right)
-    monkeypatch.setitem(_patch._judged, f"{flavour}.core.module", None)
     yield flavour
     toggleshim.uninstall()
     toggleshim.install()
 
 
-def test_audit_hook_ignores_every_other_event(unjudged: str) -> None:
-    _patch._audit("open", ("x", "r", 0))
-    assert _patch._judged[f"{unjudged}.core.module"] is None and not toggleshim.is_installed()
-    _patch._audit("import", ("json", None, sys.path, sys.meta_path, sys.path_hooks))
+def _at_import() -> None:
+    # what _PatchingLoader.exec_module runs once the real loader has run the module
+    _patch._judge_on_import(False, stacklevel=2)
+
+
+def test_an_install_at_an_import_patches(unpatched: str) -> None:
+    assert not toggleshim.is_installed()
+    _at_import()
     assert toggleshim.is_installed()
 
 
-def test_audit_hook_turns_a_failure_into_a_warning_naming_it(unjudged: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_install_at_an_import_turns_a_failure_into_a_warning_naming_it(
+    unpatched: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def broken(flavour: Any) -> Any:
         raise ValueError("a broken gate")
 
     with monkeypatch.context() as patch, warnings.catch_warnings(record=True) as caught:
         patch.setattr(_patch, "_classify", broken)
         warnings.simplefilter("always")
-        _patch._audit("import", ("json", None, sys.path, sys.meta_path, sys.path_hooks))  # returns
-        (w,) = [w for w in caught if f"could not patch {unjudged} " in str(w.message)]
+        _at_import()  # returns
+        (w,) = [w for w in caught if f"could not patch {unpatched} " in str(w.message)]
         assert issubclass(w.category, toggleshim.ToggleshimWarning) and "ValueError: a broken gate" in str(w.message)
-        assert w.filename == __file__  # at the import statement that raised the event: here
+        assert w.filename == __file__  # at the import (here: the caller)
         with pytest.raises(ValueError, match="a broken gate"):  # install() tries again: the error, unchanged
             toggleshim.install()
 
 
-def test_audit_hook_failure_under_warnings_as_errors_goes_to_the_unraisable_hook(
-    unjudged: str, monkeypatch: pytest.MonkeyPatch
+def test_an_install_at_an_import_failing_under_warnings_as_errors_goes_to_the_unraisable_hook(
+    unpatched: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Where the warning naming the failure cannot be shown (the filters raise it), the very exception
     goes to ``sys.unraisablehook`` (printed with its traceback; pytest makes it a warning)."""
@@ -304,12 +309,12 @@ def test_audit_hook_failure_under_warnings_as_errors_goes_to_the_unraisable_hook
         patch.setattr(_patch, "_classify", broken)
         patch.setattr(sys, "unraisablehook", reported.append)
         warnings.simplefilter("error")
-        _patch._audit("import", ("json", None, sys.path, sys.meta_path, sys.path_hooks))  # returns
-    assert [r.exc_value for r in reported if unjudged in r.err_msg] == [error]
+        _at_import()  # returns
+    assert [r.exc_value for r in reported if unpatched in r.err_msg] == [error]
     assert all(r.exc_traceback is error.__traceback__ is not None for r in reported)
 
 
-def test_audit_hook_lets_an_interrupt_through(unjudged: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_install_at_an_import_lets_an_interrupt_through(unpatched: str, monkeypatch: pytest.MonkeyPatch) -> None:
     interrupt = KeyboardInterrupt()
 
     def interrupted(*args: Any, **kwargs: Any) -> None:
@@ -317,23 +322,54 @@ def test_audit_hook_lets_an_interrupt_through(unjudged: str, monkeypatch: pytest
 
     with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt) as info:
         patch.setattr(_patch, "_install", interrupted)
-        _patch._audit("import", ("json", None, sys.path, sys.meta_path, sys.path_hooks))
+        _at_import()
     assert info.value is interrupt
-    assert not _patch._backstop_lock.locked()
 
 
-def test_audit_hook_under_warnings_as_errors_keeps_the_warning(unjudged: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_install_at_an_import_under_warnings_as_errors_keeps_the_warning(
+    unpatched: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with monkeypatch.context() as patch, warnings.catch_warnings():
         patch.setattr(_patch, "KNOWN", {})  # its code unverified to toggleshim: the fallback, and a warning
         warnings.simplefilter("error")
-        _patch._audit("import", ("json", None, sys.path, sys.meta_path, sys.path_hooks))  # returns
-        loaded = _patch._loaded(by_name(unjudged))
+        _at_import()  # returns
+        loaded = _patch._loaded(by_name(unpatched))
         assert loaded is not None and _patch._mode(loaded) == "fallback"
-        m = three_heads(unjudged)
+        m = three_heads(unpatched)
         before = state(m)
         with pytest.raises(toggleshim.ToggleshimWarning, match="Raised here, not during the import"):
             m.toggle_optimizer(m.opts[0])
         assert state(m) == before
+
+
+# the meta path: toggleshim's hook is asked first, wherever it stands; a list in every other way
+
+
+def test_the_meta_path_is_a_list_that_hands_the_hook_out_first() -> None:
+    code = textwrap.dedent("""
+        import importlib.machinery, sys
+        plain = list(sys.meta_path)
+        import toggleshim
+        from toggleshim import _patch
+
+        class Theirs:
+            def find_spec(self, fullname, path, target=None):
+                return None
+
+        theirs = Theirs()
+        sys.meta_path.insert(0, theirs)
+        (hook,) = _patch._hooks()
+        assert isinstance(sys.meta_path, list) and sys.meta_path[0] is theirs and sys.meta_path[1] is hook
+        assert list(sys.meta_path) == [hook, theirs, *plain], list(sys.meta_path)  # iterated: the hook first
+        assert len(sys.meta_path) == len(plain) + 2 and sys.meta_path.index(theirs) == 0
+        toggleshim.uninstall()
+        assert type(sys.meta_path) is list and sys.meta_path == [theirs, *plain]  # a plain list, as it was
+        toggleshim.install()
+        assert type(sys.meta_path).__name__ == "_MetaPath" and list(sys.meta_path)[0] is _patch._hooks()[0]
+        print("ok")
+    """)
+    proc = _run([sys.executable, "-c", code])
+    assert proc.returncode == 0 and proc.stdout.split() == ["ok"], proc.stderr[-3000:]
 
 
 # point 5: warnings as errors, both import orders, verified and unverified toggle code

@@ -28,8 +28,8 @@ EDITS: dict[str, list[tuple[str, str]]] = {
         ("    sync_grad: bool\n", "    sync_grad: bool\n    set_to_none: bool\n"),
         ('    "sync_grad": (True,', '    "set_to_none": (True, "``False``: ``zero_grad()`` zeroes the gradients."),\n'
                                   '    "sync_grad": (True,'),
-        ("                self._optimizer.zero_grad()  # type: ignore[union-attr]",
-         '                self._optimizer.zero_grad(set_to_none=flags["set_to_none"])  # type: ignore[union-attr]'),
+        ("                self._optimizer.zero_grad()",
+         '                self._optimizer.zero_grad(set_to_none=flags["set_to_none"])'),
     ],
     "testing/model.py": [
         ('{"zero_grad": True, "step": True, "sync_grad": True}',

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import subprocess
 import sys
 import textwrap
@@ -35,7 +36,7 @@ def original(flavour: str, name: str) -> Any:
 
 
 def open_toggles(module: Any) -> list[Any]:
-    s = _toggle._state_if_any(module)
+    s = _toggle.state_if_any(module)
     return [] if s is None else list(s.stack)
 
 
@@ -279,7 +280,7 @@ def test_ctrl_c_before_exit_runs_closes_the_block(flavour: str) -> None:
     before = state(m)
     with m.toggle_optimizer(m.opts[0]):
         pass  # cached plan
-    at_exit = AtFirstLine(_block.Toggle._exit.__code__)
+    at_exit = AtFirstLine(inspect.unwrap(_block.Toggle._exit).__code__)
     with at_exit as inter, pytest.raises(KeyboardInterrupt) as caught, m.toggle_optimizer(m.opts[0]):
         assert state(m) != before
     assert caught.value is inter.raised
@@ -294,7 +295,7 @@ def test_ctrl_c_at_the_first_line_of_the_exit_closes_the_block_every_way_in(flav
     interrupt, once handled: the stack's frame in its traceback holds it)."""
     m = three_heads(flavour, n_opt=3)
     before = state(m)
-    codes = {_block.Toggle._exit.__code__, type(m.toggle_optimizer(m.opts[0])).__exit__.__code__}
+    codes = {inspect.unwrap(_block.Toggle._exit).__code__, type(m.toggle_optimizer(m.opts[0])).__exit__.__code__}
     m.untoggle_optimizer(m.opts[0])
 
     async def in_async_stack() -> None:
@@ -334,7 +335,7 @@ def test_a_class_level_exit_held_elsewhere_never_takes_the_with_statements_watch
     when an interrupt at that exit's first line makes the with statement let go of it."""
     m = three_heads(flavour, n_opt=3)
     before = state(m)
-    with AtFirstLine(_block.Toggle._exit.__code__) as inter:
+    with AtFirstLine(inspect.unwrap(_block.Toggle._exit).__code__) as inter:
         held = _block.Toggle.__exit__  # (after the tracer's __enter__, which forgets any lookup)
         with pytest.raises(KeyboardInterrupt) as caught, m.toggle_optimizer(m.opts[0]):
             assert state(m) != before
@@ -414,90 +415,92 @@ def test_explicit_enter_and_exit_calls_keep_the_guarantees_with_a_retry(flavour:
     block = m.toggle_optimizer(m.opts[0])
     block.__enter__()
     exit_method = block.__exit__
-    with AtFirstLine(_block.Toggle._exit.__code__), pytest.raises(KeyboardInterrupt):
+    with AtFirstLine(inspect.unwrap(_block.Toggle._exit).__code__), pytest.raises(KeyboardInterrupt):
         exit_method(None, None, None)
     assert open_toggles(m)  # still open: the caller holds the exit it called
     block.__exit__(None, None, None)
     assert state(m) == before and not open_toggles(m)
 
 
-GC_HOOK_SCRIPT = textwrap.dedent(
+# -- nothing process-wide --------------------------------------------------------------------------
+
+_GLOBALS_SCRIPT = textwrap.dedent(
     """
-    import ast, gc, inspect, itertools, signal, sys, types
-    # Python's own Ctrl-C handler, as in a terminal: a background job of a shell starts with SIGINT
-    # ignored, and then the redelivery (_thread.interrupt_main) rightly delivers nothing
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    import torch, toggleshim
-    from toggleshim import _block, _toggle
+    import copyreg, gc, sys, threading
+    import torch
+    from torch.optim import optimizer
+    import {flavour}
+    from multiprocessing.reduction import ForkingPickler
     sys.path.insert(0, {tests!r})
+
+    def seen():
+        return (list(gc.callbacks), dict(optimizer._global_optimizer_pre_hooks),
+                dict(optimizer._global_optimizer_post_hooks), list(sys.path_hooks), sys.gettrace(),
+                sys.getprofile(), threading.gettrace(), threading.getprofile(), dict(copyreg.dispatch_table),
+                sys.excepthook, sys.unraisablehook)
+
+    before, finders, reducers = seen(), list(sys.meta_path), dict(ForkingPickler._extra_reducers)
+    import toggleshim
     from _fixtures import three_heads
-    m = three_heads({flavour!r})
-    with m.toggle_optimizer(m.opts[0]):
-        pass  # a cache to drop
-    code = _toggle._drop_caches.__code__
-    lines, first = inspect.getsourcelines(_toggle._drop_caches)
-    # the first line of the try's body, found by its place in the syntax tree, not by its text (which
-    # a mutation testing tool changes)
-    body = next(n for n in ast.walk(ast.parse("".join(lines))) if isinstance(n, ast.Try)).body
-    inside = first + body[0].lineno - 1
-    raised = []
-
-    def tracer(frame, event, arg):
-        if frame.f_code is not code:
-            return None
-
-        def line(frame, event, arg):
-            if event == "line" and not raised and frame.f_lineno == inside:
-                raised.append(KeyboardInterrupt("in the gc hook"))
-                raise raised[0]
-            return line
-
-        return line
-
-    gc.collect()
-    gc.disable()  # no other collection (and callback, where it would land again) on its way
-    try:
-        sys.settrace(tracer)
-        try:
-            gc.collect()
-        finally:
-            sys.settrace(None)
-        for _ in itertools.repeat(None, 2_000_000_000):
-            pass
-    except KeyboardInterrupt as caught:
-        print("delivered", bool(raised), caught is not raised[0])
+    m = three_heads({flavour!r}, n_opt=3)
+    with m.toggle_optimizer(m.opts[0]), m.toggle_optimizer(m.opts[1]):
+        m.toggle_optimizer(m.opts[2])
+        m.untoggle_optimizer(m.opts[2])
+    print(seen() == before)
+    hooks = [f for f in sys.meta_path if type(f).__module__.startswith("toggleshim")]
+    print(len(hooks), [f for f in sys.meta_path if f not in hooks] == finders)
+    added = {{cls for cls in ForkingPickler._extra_reducers if cls not in reducers}}
+    print(added == {{sys.modules[{flavour!r} + ".trainer.trainer"].Trainer}})
+    toggleshim.uninstall()
+    print(seen() == before, list(sys.meta_path) == finders, type(sys.meta_path) is list,
+          dict(ForkingPickler._extra_reducers) == reducers)
     """
 )
 
 
 @pytest.mark.one_flavour_by_default
-def test_ctrl_c_in_the_gc_hook_is_delivered_again(flavour: str) -> None:
-    """A Ctrl-C landing inside the ``gc.callbacks`` hook's body is not lost to gc's "Exception ignored":
-    it comes out in the main thread once the collection is over (a fresh process: nothing else's
-    callbacks or threads around)."""
-    script = GC_HOOK_SCRIPT.format(tests=str(Path(__file__).parent), flavour=flavour)
+def test_toggleshim_adds_nothing_process_wide_but_its_import_hook(flavour: str) -> None:
+    """In a fresh process, ``import toggleshim`` and nested blocks leave every process-wide registry
+    as it was (gc callbacks, torch's global optimizer hooks, path hooks, tracers, pickling tables, the
+    exception hooks), but for its import hook in ``sys.meta_path`` and the reduction that hands each
+    Trainer to spawned ranks; ``uninstall()`` takes those back too."""
+    script = _GLOBALS_SCRIPT.format(tests=str(Path(__file__).parent), flavour=flavour)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    assert r.stdout.split() == ["delivered", "True", "True"], r.stdout + r.stderr[-2000:]
+    expected = ["True", "1", "True", "True", "True", "True", "True", "True"]
+    assert r.stdout.split() == expected, r.stdout + r.stderr[-2000:]
 
 
-def test_collections_raise_nothing_in_the_gc_hook(flavour: str) -> None:
-    """Every collection, young or full, calls toggleshim's ``gc.callbacks`` hook, with a cache to drop
-    or without: nothing is raised there (gc would print "Exception ignored" on the user's stderr at
-    each collection, through ``sys.unraisablehook``)."""
-    seen: list[Any] = []
-    hook = sys.unraisablehook
-    sys.unraisablehook = seen.append
-    try:
-        for cached in (True, False):
-            m = three_heads(flavour)
-            if cached:
-                with m.toggle_optimizer(m.opts[0]):
-                    pass
-            for generation in (0, 1, 2, 2):
-                gc.collect(generation)
-    finally:
-        sys.unraisablehook = hook
-    assert [f"{u.exc_type.__name__}: {u.exc_value} ({u.object!r})" for u in seen] == []
+def test_the_package_registers_no_process_wide_hook_but_these() -> None:
+    """No audit hook (it cannot be removed, and CPython calls it at every ``id()``), no gc callback,
+    no global optimizer hook, tracer, signal or exception hook anywhere in the package's source: the
+    only process-wide registrations are the import hook (``_patch``) and the spawn reduction
+    (``_spawn``), docs/architecture.md."""
+    import ast
+
+    calls = {"addaudithook", "settrace", "setprofile", "register_optimizer_step_pre_hook",
+             "register_optimizer_step_post_hook", "signal", "pickle", "register"}
+    registries = {"callbacks", "meta_path", "path_hooks", "excepthook", "unraisablehook", "displayhook"}
+    by_name = calls - {"register"}  # (a name `register` is the block's own step watch, per optimizer)
+    allowed = {("_patch.py", "meta_path"), ("_spawn.py", "register")}
+    package = Path(toggleshim.__file__).parent
+    found = []
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                func = node.func
+                if func.attr in calls and ast.unparse(func.value) not in ("_spawn",):
+                    name = func.attr
+                elif func.attr in ("append", "insert", "extend") and isinstance(func.value, ast.Attribute):
+                    name = func.value.attr if func.value.attr in registries else None
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in by_name:
+                name = node.func.id  # imported by name
+            elif isinstance(node, (ast.Assign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                name = next((t.attr for t in targets if isinstance(t, ast.Attribute) and t.attr in registries), None)
+            if name is not None and (path.name, name) not in allowed:
+                found.append(f"{path.name}:{node.lineno} {name}")
+    assert found == []
 
 
 # -- failing writes: all or nothing --------------------------------------------------------------
@@ -861,29 +864,32 @@ def test_reloading_the_private_module_keeps_lightning_optimizers_unwrapped() -> 
     assert out.strip() == "[True, True, False, False] [True, True, True, True]"
 
 
-def test_reloading_the_private_module_keeps_one_cache_callback_and_every_other_one() -> None:
-    """``importlib.reload(toggleshim._toggle)``, twice (in a fresh process): ``gc.callbacks`` holds
-    exactly one of toggleshim's cache-dropping callbacks, the reloaded module's, and every callback
-    of anyone else, in order, some also named ``_drop_caches`` (in modules named to sort before and
-    after toggleshim's)."""
+def test_reloading_the_patch_module_keeps_one_import_hook_and_every_other_finder() -> None:
+    """``importlib.reload(toggleshim._patch)``, twice (in a fresh process): ``sys.meta_path`` holds
+    exactly one import hook of toggleshim's, handed out first, and every finder of anyone else, in
+    order; the flavour imported afterwards is patched."""
     code = textwrap.dedent(
         """
-        import gc, importlib, types
-        import toggleshim, toggleshim._toggle
-        for name in ("a_module", "z_module"):  # named to sort before and after toggleshim._toggle
-            theirs = types.ModuleType(name)
-            exec("def _drop_caches(phase, info): pass\\ndef watch(phase, info): pass", theirs.__dict__)
-            gc.callbacks[:0] = [theirs.watch]
-            gc.callbacks.append(theirs._drop_caches)
-        others = [cb for cb in gc.callbacks if cb is not toggleshim._toggle._drop_caches]
+        import importlib, sys
+        import toggleshim, toggleshim._patch
+
+        class Theirs:
+            def find_spec(self, fullname, path, target=None):
+                return None
+
+        sys.meta_path.insert(0, Theirs())
+        others = [f for f in sys.meta_path if type(f).__name__ != "_ImportHook"]
         for _ in range(2):
-            importlib.reload(toggleshim._toggle)
-        ours = [cb for cb in gc.callbacks if getattr(cb, "__module__", None) == "toggleshim._toggle"]
-        print(ours == [toggleshim._toggle._drop_caches], [cb for cb in gc.callbacks if cb not in ours] == others)
+            importlib.reload(toggleshim._patch)
+            toggleshim._patch.install()
+        ours = [f for f in sys.meta_path if type(f).__name__ == "_ImportHook"]
+        print(len(ours), list(sys.meta_path)[0] is ours[0], [f for f in sys.meta_path if f not in ours] == others)
+        import lightning.pytorch
+        print(toggleshim.is_installed())
         """
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "True True"
+    assert out.split() == ["1", "True", "True", "True"]
 
 
 # -- nothing kept alive that Lightning would not -----------------------------------------------------
@@ -948,15 +954,16 @@ def test_replaced_parameters_are_freed(flavour: str) -> None:
         m.untoggle_optimizer(m.opts[1])
     gc.collect()
     assert [r() for r in old if r() is not None] == []
-    # swapped in place after the last toggle: freed by the next full collection
+    # swapped in place after the last toggle: freed at once, as without toggleshim (no collection)
     last = [weakref.ref(p) for p in m.c.parameters()]
     m.c = nn.Linear(2, 2)
     m.opts[2].param_groups[0]["params"] = list(m.c.parameters())
-    gc.collect()
     assert all(r() is None for r in last)
-    # parameters in a reference cycle (a hook, an attribute holding the tensor): the cache is dropped as
-    # the full collection starts, so that this very collection frees them, as it would without
-    # toggleshim (dropped at its end, they would wait for the next one)
+    # the next toggle plans anew (the cache was dropped with them) and freezes the new head
+    with m.toggle_optimizer(m.opts[0], zero_grad=False, step=False):
+        assert not any(p.requires_grad for p in m.c.parameters())
+    # parameters in a reference cycle (a hook, an attribute holding the tensor): freed by the very
+    # collection that frees them without toggleshim
     for k in range(3):
         with m.toggle_optimizer(m.opts[k], zero_grad=False, step=False):
             pass

@@ -237,7 +237,7 @@ def test_an_untoggle_override_that_raises_propagates_and_closes_the_block(flavou
     with pytest.raises(ValueError) as caught, module.toggle_optimizer(module.opts[0], zero_grad=False, step=False):
         raise body
     assert caught.value is body
-    s = _toggle._state_if_any(module)
+    s = _toggle.state_if_any(module)
     assert s is not None and not s.stack, "a block stayed open"
     assert (state(module) == before) is calls_super  # without super(), b stays frozen: the override's say
     module.b.weight.requires_grad_(True)

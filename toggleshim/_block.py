@@ -1,20 +1,14 @@
-"""The block: ``with self.toggle_optimizer(opt, **flags):``, one class for every way a block is made.
+"""The block: ``with self.toggle_optimizer(opt, **flags):``, one class for every kind of toggle.
 
 What a block does, in the order of the README's semantics table::
 
-    toggle                             # at the call: toggleshim's exact toggle, or the module's own
+    toggle                             # at the call: one of the kinds of _toggle.py
     enter:  no-sync context (sync_grad=False); opt.zero_grad() (zero_grad)
     exit:   opt.step() (step, clean exit only); untoggle (always); no-sync context left (always)
 
-The toggle and the untoggle it runs are one of two kinds, chosen when the toggle is made:
-
-* **toggleshim's exact core** (``_toggle.py``): where the code is verified and the class overrides
-  neither method. The untoggle is the core's undo; where the class overrides ``untoggle_optimizer``,
-  the exit calls that override, whose ``super()`` reaches toggleshim's untoggle (:func:`_untoggled`).
-* **the module's own methods**: a toggle made by the module's own ``toggle_optimizer`` (an override
-  that returns no toggle of ours, or an unverified Lightning's own method: the *fallback*). The exit
-  calls ``self.untoggle_optimizer(opt)``; nesting on the fallback is refused with a clear error
-  (Lightning's own nested toggles freeze the inner optimizer's parameters for good).
+The untoggle is the toggle's own (:meth:`_toggle._Made.leave`, then its undo): the module's own
+``untoggle_optimizer`` where the manual sequence would call the user's method, toggleshim's exact undo
+otherwise. The block does not know which kind it holds.
 
 The flags are declared once, in :class:`Flags` and :data:`FLAGS`; everything else reads them there.
 """
@@ -29,9 +23,8 @@ from types import MethodType, TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, cast
 
 from toggleshim import _toggle
-from toggleshim._compile import keep_dynamo_out
-from toggleshim._ours import describe, overrides, route
-from toggleshim._toggle import _Made, _state_if_any, _unwrap, same
+from toggleshim._ours import describe, users
+from toggleshim._toggle import _Made
 from toggleshim._writes import first, quietly, surely
 
 if TYPE_CHECKING:
@@ -41,7 +34,6 @@ __all__ = ["FLAGS", "Flags", "Toggle", "toggle"]
 
 _OptT = TypeVar("_OptT")
 _new = object.__new__  # a Toggle is made without calling Toggle.__new__ (which toggles)
-_ref = weakref.ref
 
 
 # -- the flags ----------------------------------------------------------------------------------
@@ -66,10 +58,9 @@ FLAGS: dict[str, tuple[bool, str]] = {
 _DEFAULTS: dict[str, bool] = {name: default for name, (default, _) in FLAGS.items()}
 
 
-def _flags_of(given: Mapping[str, Any]) -> dict[str, bool]:
-    """Every flag's value: ``given`` (each exactly ``True`` or ``False``, a ``bool``: not ``1``,
-    ``numpy.True_``, a tensor) over the defaults. Raises ``TypeError`` naming the flag, before anything
-    changes."""
+def _checked(given: Mapping[str, Any]) -> dict[str, bool]:
+    """``given``, each flag exactly ``True`` or ``False`` (a ``bool``: not ``1``, ``numpy.True_``, a
+    tensor). Raises ``TypeError`` naming the flag, before anything changes."""
     for name, value in given.items():
         if name not in FLAGS:
             raise TypeError(
@@ -81,14 +72,25 @@ def _flags_of(given: Mapping[str, Any]) -> dict[str, bool]:
                 f"toggle_optimizer(): {name} must be True or False (a bool), got {describe(value)}; "
                 "nothing was changed"
             )
-    return {**_DEFAULTS, **given}
+    return dict(given)
+
+
+def _flags_of(given: Mapping[str, Any]) -> dict[str, bool]:
+    """Every flag's value: ``given`` (checked) over the defaults."""
+    return {**_DEFAULTS, **_checked(given)}
+
+
+def _no_sync(module: Any, flags: Mapping[str, bool]) -> Any:
+    """The strategy's no-sync context factory where ``sync_grad=False``; read before anything changes
+    (a failing strategy changes nothing)."""
+    return None if flags["sync_grad"] else getattr(module.trainer.strategy, "block_backward_sync", None)
 
 
 # -- the block ----------------------------------------------------------------------------------
 
-# A block's phase: toggled (a statement, or not entered yet), in its block, the module's own untoggle
-# called (its exit under way), closed; or untoggled as a statement (it holds nothing more)
-_MADE, _OPEN, _LEFT, _CLOSED, _UNTOGGLED = range(5)
+# A block's phase: toggled (a statement, or not entered yet), in its block, its exit under way (the
+# module's own untoggle called, or about to be: never twice), closed
+_MADE, _OPEN, _LEFT, _CLOSED = range(4)
 
 
 class Toggle(Generic[_OptT]):
@@ -105,90 +107,74 @@ class Toggle(Generic[_OptT]):
     statement, it holds no reference to the module, the optimizer or any parameter.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_flags",
-        "_guard",
-        "_inner",
-        "_label",
-        "_made",
-        "_module",
-        "_optimizer",
-        "_phase",
-        "_stepped",
-        "_sync",
-        "_sync_exit",
-    )
+    __slots__ = ("__weakref__", "_flags", "_guard", "_made", "_optimizer", "_phase", "_stepped", "_sync_exit", "_watch")
 
     _flags: dict[str, bool]
     _guard: weakref.ref[Any] | None  # the __exit__ the with statement holds, watched (see _ExitGuard)
-    _inner: Any  # the torch optimizer in _optimizer
-    _label: str | None  # the fallback: the Lightning it runs, for messages (its blocks do not nest)
-    _made: _Made | None  # toggleshim's toggle; None: the module's own toggle made it
-    _module: Any
-    _optimizer: _OptT | None
+    _made: _Made | None  # the toggle under the block (None once closed)
+    _optimizer: Any  # while the block is open: the optimizer it steps (its toggle may be undone first)
     _phase: int
     _stepped: bool  # the block's optimizer stepped while the block was open (_note_step)
-    _sync: Any  # sync_grad=False: the strategy's block_backward_sync, then the context it made
-    _sync_exit: list[Callable[..., Any]] | None  # the entered context's __exit__, until it is called
+    _sync_exit: list[Callable[..., Any]] | None  # the entered no-sync context's __exit__, until it is called
+    _watch: Any  # while open with step=True: the handle of the step hook on the block's torch optimizer
 
     def __new__(cls, module: Any, optimizer: _OptT, **flags: Unpack[Flags]) -> Toggle[_OptT]:
-        return toggle(module, optimizer, **flags)  # the fallback too, as toggle()
+        return toggle(module, optimizer, **flags)
 
     # -- entering ---------------------------------------------------------------------------
 
     def __enter__(self) -> _OptT:
-        self._check_enterable()
-        made, flags = self._made, self._flags
+        made = self._check_enterable()
+        flags = self._flags
         try:
-            self._phase = _OPEN  # first: from here on, leaving untoggles (the module's own toggle too)
-            if self._label is not None:  # the fallback: Lightning's own nested toggles are not exact
-                _OPEN_BLOCKS[id(self._module)] = self
+            self._phase, self._optimizer = _OPEN, made.optimizer  # first: from here on, leaving untoggles
             if flags["step"]:
-                if not _STEP_HOOK:  # (registered when a Lightning is patched, as a rule)
-                    _watch_steps()
-                _STEPPING.append(self)
-            if _LOOKED_UP:
-                _watch_class_exit(self)
-            if made is not None:
-                # the toggle is the block's from here on (one made while a statement toggle was open
-                # nests inside it: _Flat.nested); held first, so that leaving undoes what it opens
-                self._made = made = made.for_block()
-                made.open()
-            if self._sync is not None:
+                self._watch_steps(made.inner)
+            looked_up = _local.__dict__.pop("exit", None)
+            if looked_up is not None:
+                _watch_class_exit(self, looked_up)
+            # the toggle is the block's from here on (one made while a statement toggle was open nests
+            # inside it: _Flat.nested); held first, so that leaving undoes what it opens
+            self._made = made = made.for_block()
+            made.open()
+            if made.sync is not None:
                 # Without gradient sync (DDP micro-batches) the block runs inside the strategy's
                 # no_sync, entered here and left on every exit.
-                self._sync = self._sync()
+                made.sync = made.sync()
                 # One line: no interrupt falls between entering the context and recording its exit
-                _, self._sync_exit = self._sync.__enter__(), [self._sync.__exit__]
+                _, self._sync_exit = made.sync.__enter__(), [made.sync.__exit__]
             if flags["zero_grad"]:
-                self._optimizer.zero_grad()  # type: ignore[union-attr]
-            return self._optimizer  # type: ignore[return-value]
+                self._optimizer.zero_grad()
+            return self._optimizer  # type: ignore[no-any-return]
         except BaseException:
             quietly(self._leave, retry=False)  # the error in flight propagates (an interrupt too)
             raise
 
-    def _check_enterable(self) -> None:
+    def _check_enterable(self) -> _Made:
         """Refuse, before anything changes, a block that cannot start."""
-        if self._phase == _UNTOGGLED:
-            raise RuntimeError(
-                "this toggle was undone or superseded before its block started (untoggle_optimizer ran); "
-                "enter it where it is made: `with self.toggle_optimizer(opt):`; nothing was changed"
-            )
-        if self._phase != _MADE:
+        made = self._made
+        if self._phase != _MADE or made is None:
             raise RuntimeError(
                 "this toggle was already used: a toggle object is single-use, write "
                 "`with self.toggle_optimizer(opt):` for each block; nothing was changed"
             )
-        made = self._made
-        if made is not None:
-            if not made.enterable():
-                raise RuntimeError(
-                    "this toggle was undone or superseded before its block started; enter it where it is "
-                    "made: `with self.toggle_optimizer(opt):`; nothing was changed"
-                )
-        elif self._label is not None and id(self._module) in _OPEN_BLOCKS:  # made as a statement in a block
-            raise _nesting_error(self._label)
+        if not made.enterable():  # (the fallback's toggle raises its own refusal to nest)
+            raise RuntimeError(
+                "this toggle was undone or superseded before its block started (untoggle_optimizer ran, or "
+                "another toggle); enter it where it is made: `with self.toggle_optimizer(opt):`; nothing "
+                "was changed"
+            )
+        return made
+
+    def _watch_steps(self, inner: Any) -> None:
+        """Have torch tell this block when its optimizer steps (a hook on that optimizer alone, taken
+        off at the exit): a step inside a block that steps on exit is refused, not made twice."""
+        register = getattr(inner, "register_step_post_hook", None)
+        if register is not None:
+            self._watch = register(self._note_step)
+
+    def _note_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._stepped = True
 
     # -- leaving ----------------------------------------------------------------------------
 
@@ -210,8 +196,8 @@ class Toggle(Generic[_OptT]):
         try:
             if exc_type is None and self._flags["step"]:
                 if self._stepped:
-                    raise _double_step(optimizer)
-                optimizer.step()  # type: ignore[attr-defined]
+                    raise _double_step(_toggle._unwrap(optimizer))
+                optimizer.step()
         except BaseException:
             quietly(self._leave, retry=False)  # step's error propagates, not one of the untoggle's
             raise
@@ -222,18 +208,15 @@ class Toggle(Generic[_OptT]):
         return False  # never swallow
 
     def _leave(self) -> None:
-        """``finally: self.untoggle_optimizer(opt)``, then gradient sync resumes.
-
-        The module's own ``untoggle_optimizer`` is called, once, where the toggle is the module's own,
-        or where its class overrides the method (its ``super().untoggle_optimizer`` reaches
-        toggleshim's, which undoes the toggle; an override that never does leaves ``requires_grad`` as
-        it made it, and toggleshim only lets the toggle go, with those left open inside it: no write).
-        Otherwise toggleshim's exact untoggle runs, retried until done.
-        """
+        """``finally: self.untoggle_optimizer(opt)``, then gradient sync resumes: the toggle's own exit
+        (the module's own method, called once, where the manual sequence calls the user's), then
+        toggleshim's part, retried until done."""
         error: BaseException | None = None
-        made = self._made
-        if self._phase == _OPEN and (made is None or (not made.done and overrides(self._module, "untoggle_optimizer"))):
-            error = self._own_untoggle(made)
+        if self._phase == _OPEN:
+            self._phase = _LEFT  # first: an interrupt from here on never calls the module's own method twice
+            made = self._made
+            assert made is not None
+            error = made.leave()
         try:
             surely(self._close)
         except BaseException as e:
@@ -241,41 +224,14 @@ class Toggle(Generic[_OptT]):
         if error is not None:
             raise error
 
-    def _own_untoggle(self, made: _Made | None) -> BaseException | None:
-        """``self.untoggle_optimizer(opt)``, once; returns its error. With toggleshim's toggle under it,
-        the override's ``super()`` undoes it; one the override left is let go without writing."""
-        self._phase = _LEFT  # first: an interrupt from here on never calls it a second time
-        error: BaseException | None = None
-        state = made.state if made is not None else None
-        if state is not None:
-            state.exiting = made
-        try:
-            self._module.untoggle_optimizer(self._optimizer)
-        except BaseException as e:  # raised by _leave, once toggleshim's bookkeeping is done
-            error = e
-        finally:
-            if state is not None:
-                state.exiting = None
-        if made is not None and not made.done:  # the override did not call super().untoggle_optimizer
-            # ... or an interrupt stopped it first: then toggleshim's untoggle runs, writing (a Ctrl-C
-            # never leaves the toggle half-undone); an override that returned, or raised an error,
-            # without super() has the last word on requires_grad: let go without writing
-            interrupted = error is not None and not isinstance(error, Exception)
-            try:
-                surely(made.unwind, interrupted)
-            except BaseException as e:
-                error = first(error, e)
-        return error
-
     def _close(self) -> None:
-        """toggleshim's part of every exit, idempotent: the toggle undone (first those left open above
-        it, innermost first), gradient sync resumed; then the block lets go of everything."""
-        if self in _STEPPING:
-            _STEPPING.remove(self)
-        if _OPEN_BLOCKS.get(id(self._module)) is self:
-            del _OPEN_BLOCKS[id(self._module)]
-        error: BaseException | None = None
+        """toggleshim's part of every exit, idempotent: the step watch off, the toggle undone (first
+        those left open above it, innermost first), gradient sync resumed; then the block lets go of
+        everything."""
+        if self._watch is not None:
+            self._watch.remove()  # (idempotent)
         made = self._made
+        error: BaseException | None = None
         try:
             if made is not None:
                 try:
@@ -297,41 +253,43 @@ class Toggle(Generic[_OptT]):
         self._phase = _CLOSED
         if self._guard is not None:
             _GUARDS.discard(self._guard)
-        self._module = self._optimizer = self._inner = self._made = self._sync = self._guard = None
+        self._made = self._optimizer = self._guard = self._watch = None
 
     def _exit_dropped(self, ref: weakref.ref[Any]) -> None:
         # The with statement let go of its __exit__ while the block was open (an interrupt at the first
-        # line of __exit__, where nothing can catch it): the block is closed now. A toggle of the
-        # module's own is untoggled by its own method (there is no other); toggleshim's by its exact
-        # untoggle (no user code from a weak reference's callback).
+        # line of __exit__, where nothing can catch it): the block is closed now, by the toggle's own
+        # undo (no user code from a weak reference's callback, unless the toggle has no other undo).
         _GUARDS.discard(ref)
-        if self._guard is not ref or self._phase not in (_OPEN, _LEFT):
+        made = self._made
+        if self._guard is not ref or self._phase not in (_OPEN, _LEFT) or made is None:
             return
         try:
-            if self._phase == _OPEN and self._made is None:
+            if self._phase == _OPEN:
                 self._phase = _LEFT
-                self._module.untoggle_optimizer(self._optimizer)
+                made.abandon()
         finally:
             self._close()
 
-    def _release(self) -> None:
-        """Untoggled as a statement: the block holds nothing more."""
-        if self._made is not None:
-            self._made.let_go()
-        self._phase = _UNTOGGLED
-        self._module = self._optimizer = self._inner = self._made = self._sync = None
-
     def __repr__(self) -> str:
-        if self._phase == _UNTOGGLED:
-            return "<toggleshim.Toggle untoggled (holds nothing)>"
-        if self._phase == _CLOSED and self._optimizer is None:
-            return "<toggleshim.Toggle closed (holds nothing)>"
-        status = ("toggled", "open", "closing", "closed")[self._phase]
-        if self._label is not None:
-            return f"<toggleshim fallback toggle {status} on {self._label}>"
-        if self._made is None and self._phase != _CLOSED:
-            return f"<toggleshim.Toggle {status} (the module's own toggle_optimizer)>"
-        return f"<toggleshim.Toggle {status} optimizer={type(self._optimizer).__name__}>"
+        made = self._made
+        if made is None or made.done:
+            return f"<toggleshim.Toggle {'closed' if self._phase == _CLOSED else 'untoggled'} (holds nothing)>"
+        return made.describe(("toggled", "open", "closing")[self._phase])
+
+
+def _double_step(inner: Any) -> RuntimeError:
+    return RuntimeError(
+        f"toggleshim: {type(inner).__name__}.step() ran inside `with self.toggle_optimizer(opt):` (directly or "
+        "through the LightningOptimizer), which steps on a clean exit too (step=True): the optimizer would step "
+        "twice. Pass step=False to keep your own step() call, or drop the call and let the block step. The "
+        "block did not step again; it untoggled."
+    )
+
+
+# What this thread has under way: the ``Toggle.__exit__`` last looked up on the class (``"exit"``, see
+# _ExitGuard), the calls of a user's toggle_optimizer under toggle() (``"catches"``). Per thread: a
+# lookup or a call in one thread is never another's.
+_local = threading.local()
 
 
 class _ExitGuard:
@@ -356,24 +314,19 @@ class _ExitGuard:
             ) -> Literal[False]:
                 return toggle._exit(exc_type, exc, tb)
 
-            _LOOKED_UP[:] = [(threading.get_ident(), weakref.ref(__exit__))]
+            _local.exit = weakref.ref(__exit__)
             return __exit__
         exit_fn = MethodType(Toggle._exit, toggle)
-        if toggle._phase == _MADE:  # the with statement about to enter; once open, no other getattr counts
+        if toggle._phase == _MADE and toggle._made is not None:  # the with statement, about to enter
             _guard(toggle, exit_fn)
         return exit_fn
 
 
-# The __exit__ last looked up on the class (thread, weak reference): see _ExitGuard.
-_LOOKED_UP: list[tuple[int, weakref.ref[Any]]] = []
-
-
-def _watch_class_exit(toggle: Toggle[Any]) -> None:
-    """``toggle`` is entered: watch the ``Toggle.__exit__`` looked up just before, if it is still held
-    (by ``ExitStack``) and the with statement handed it no ``__exit__`` of its own."""
-    ident, ref = _LOOKED_UP.pop()
+def _watch_class_exit(toggle: Toggle[Any], ref: weakref.ref[Any]) -> None:
+    """``toggle`` is entered: watch the ``Toggle.__exit__`` looked up just before in this thread, if it
+    is still held (by ``ExitStack``) and the with statement handed it no ``__exit__`` of its own."""
     exit_fn = ref()
-    if exit_fn is not None and ident == threading.get_ident() and toggle._guard is None:
+    if exit_fn is not None and toggle._guard is None:
         _guard(toggle, exit_fn)
 
 
@@ -383,6 +336,7 @@ def _watch_class_exit(toggle: Toggle[Any]) -> None:
 # of an interrupt at the first line of the exit it called, is a reference cycle), the garbage
 # collector would free the block unclosed. From here, the watch outlives the exit and closes the
 # block. It holds the block as long as the exit lives (and the exit holds the block, so: no longer).
+# Only added to and discarded from (each watch a distinct object): right under any interleaving.
 _GUARDS: set[weakref.ref[Any]] = set()
 
 
@@ -399,17 +353,18 @@ if not TYPE_CHECKING:
 # -- making a block -----------------------------------------------------------------------------
 
 
-def _block(module: Any, optimizer: Any, flags: dict[str, bool], sync: Any, made: _Made | None,
-           label: str | None = None) -> Toggle[Any]:
-    """The block over a toggle made: toggleshim's (``made``), or the module's own (None)."""
+def _block(made: _Made, flags: dict[str, bool], sync: Any) -> Toggle[Any]:
     t: Toggle[Any] = _new(Toggle)
-    t._module, t._optimizer, t._made, t._flags, t._sync, t._label = module, optimizer, made, flags, sync, label
-    t._sync_exit, t._guard, t._phase, t._stepped = None, None, _MADE, False
-    if made is None:
-        t._inner = _unwrap(optimizer)
-    else:
-        t._inner = made.inner
-        made.owned_by(t)
+    t._made, t._flags, t._phase, t._stepped = made, flags, _MADE, False
+    t._optimizer = t._sync_exit = t._guard = t._watch = None
+    made.sync = sync
+    catches = _local.__dict__.get("catches")
+    if catches:  # a user's toggle_optimizer under toggle(): this block is what its super() made
+        for ref in reversed(catches):
+            catch = ref()
+            if catch is not None and catch.module is made.module:
+                catch.made = t
+                break
     return t
 
 
@@ -419,98 +374,7 @@ def _toggle_optimizer(self: Any, optimizer: _OptT, **flags: Unpack[Flags]) -> To
     given = _flags_of(flags) if flags else _DEFAULTS
     trainer = self.trainer  # Lightning's own RuntimeError when not attached to a Trainer
     sync = None if given["sync_grad"] else getattr(trainer.strategy, "block_backward_sync", None)
-    made = _block(self, optimizer, given, sync, _toggle.toggle(self, optimizer, trainer.optimizers))
-    if _CATCHES:  # an override's super() call, under toggle(): see _through_own_toggle
-        _catch(self, made)
-    return made
-
-
-def toggle(module: Any, optimizer: _OptT, **flags: Unpack[Flags]) -> Toggle[_OptT]:
-    """Typed entry point: ``with toggleshim.toggle(self, opt):`` is ``with self.toggle_optimizer(opt):``.
-
-    Static checkers read Lightning's ``toggle_optimizer(...) -> None`` and reject it in a ``with``;
-    this function has the precise type. It works whether or not the patch is installed; on a
-    Lightning whose toggle code toggleshim has not verified it is that Lightning's own sequence, as
-    the patched method is there (docs/guard.md). Where the module's class overrides
-    ``toggle_optimizer``, that override makes the toggle (see :func:`_through_own_toggle`).
-    """
-    if overrides(module, "toggle_optimizer"):
-        return _through_own_toggle(module, optimizer, flags)
-    fallback = route(module)
-    if fallback is not None:  # typed as a Toggle: the same context manager, yielding the optimizer
-        return cast("Toggle[_OptT]", fallback(module, optimizer, **flags))
-    return _toggle_optimizer(module, optimizer, **flags)
-
-
-def _through_own_toggle(module: Any, optimizer: _OptT, flags: Mapping[str, Any]) -> Toggle[_OptT]:
-    """``toggle()`` on a module whose class overrides ``toggle_optimizer``: the block is the manual
-    sequence with the module's own methods. The override is called as ``self.toggle_optimizer(opt)``
-    is (the optimizer alone). The toggle its ``super().toggle_optimizer(opt)`` made is the block,
-    with these flags, whether the override returns it or not (an override that returns None has
-    only forgotten to: with Lightning's own toggle under it, blocks nested in it would freeze the
-    inner optimizer's parameters for good). An override that makes no toggle of toggleshim's (it
-    never calls ``super()``, or on a Lightning toggleshim has not verified) makes a block that runs
-    ``zero_grad``, the body, ``step`` and ``self.untoggle_optimizer(opt)`` around its toggle."""
-    given = _flags_of(flags)
-    # read before the toggle: a failing strategy changes nothing
-    sync = None if given["sync_grad"] else getattr(module.trainer.strategy, "block_backward_sync", None)
-    catch = _Catch(module)
-    ref = _ref(catch)
-    try:
-        _CATCHES.append(ref)
-        made = module.toggle_optimizer(optimizer)
-    finally:
-        _CATCHES[:] = [r for r in _CATCHES if r is not ref and r() is not None]
-    caught = catch.made
-    if made is None and caught is not None and caught._made is not None and caught._made.enterable():
-        made = caught  # the return forgotten
-    if isinstance(made, Toggle) and made._phase == _MADE and made._module is module and made._optimizer is optimizer:
-        made._flags, made._sync = given, sync
-        return made
-    return _block(module, optimizer, given, sync, None)
-
-
-class _Catch:
-    """The toggle an override's ``super().toggle_optimizer`` call makes, while ``toggle()`` runs the
-    override (held by that call's frame alone; :data:`_CATCHES` refers to it weakly)."""
-
-    __slots__ = ("__weakref__", "made", "module")
-
-    made: Toggle[Any] | None
-
-    def __init__(self, module: Any) -> None:
-        self.module, self.made = module, None
-
-
-# The catches of the overrides running under toggle(), innermost last (weak references: one an
-# interrupt leaves behind is dead once its frame is gone)
-_CATCHES: list[weakref.ref[_Catch]] = []
-
-
-def _catch(module: Any, made: Toggle[Any]) -> None:
-    for ref in reversed(_CATCHES):
-        catch = ref()
-        if catch is not None and catch.module is module:
-            catch.made = made
-            return
-
-
-# -- the fallback: a Lightning whose toggle code toggleshim has not verified ----------------------
-
-# id(module) -> its open fallback block. The block holds the module while open, so the id cannot be
-# reused meanwhile; every exit path removes the entry.
-_OPEN_BLOCKS: dict[int, Toggle[Any]] = {}
-
-
-def _nesting_error(label: str) -> RuntimeError:
-    return RuntimeError(
-        f"toggleshim: nested toggle_optimizer blocks are not available on {label}: its toggle code is not "
-        "one toggleshim has verified, so `with self.toggle_optimizer(opt):` runs Lightning's own sequence "
-        "(toggle; zero_grad; body; step; untoggle), and Lightning's own nested toggles freeze the inner "
-        "optimizer's parameters for good. Nothing was changed. Close the outer block first, or: run "
-        "`python -m toggleshim check`, pin Lightning to a release toggleshim verified, and report this "
-        "Lightning version to toggleshim."
-    )
+    return _block(_toggle.toggle(self, optimizer, trainer.optimizers), given, sync)
 
 
 def make_fallback(original_toggle: Callable[..., Any], label: str) -> Callable[..., Toggle[Any]]:
@@ -524,84 +388,78 @@ def make_fallback(original_toggle: Callable[..., Any], label: str) -> Callable[.
         also a context manager running Lightning's own sequence: zero_grad on entry, step on a clean
         exit, Lightning's ``untoggle_optimizer`` on every exit. Nested blocks raise an error."""
         given = _flags_of(flags) if flags else _DEFAULTS
-        if id(self) in _OPEN_BLOCKS:
-            raise _nesting_error(label)
-        # read before toggling: a failing strategy changes nothing
-        sync = None if given["sync_grad"] else getattr(self.trainer.strategy, "block_backward_sync", None)
+        _toggle.refuse_nesting(self, label)
+        sync = _no_sync(self, given)
         original_toggle(self, optimizer)
-        return _block(self, optimizer, given, sync, None, label)
+        return _block(_toggle.own(self, optimizer, label), given, sync)
 
     return toggle_optimizer
 
 
-# -- the statement untoggle ---------------------------------------------------------------------
+def toggle(module: Any, optimizer: _OptT, **flags: Unpack[Flags]) -> Toggle[_OptT]:
+    """Typed entry point: ``with toggleshim.toggle(self, opt):`` is ``with self.toggle_optimizer(opt):``.
 
-
-def _untoggled(module: Any, optimizer: Any) -> bool:
-    """toggleshim's ``untoggle_optimizer(optimizer)``, before Lightning's: True when it undid a toggle
-    of toggleshim's instead (then Lightning's untoggle must not run).
-
-    * the exit of a block of this module calls the module's own ``untoggle_optimizer`` (a subclass's
-      override), which reached this through ``super()``: that block's toggle is undone;
-    * a statement toggle made inside a block: undone as a nested block;
-    * otherwise Lightning's untoggle runs, and the last flat toggle's object lets go of everything.
+    Static checkers read Lightning's ``toggle_optimizer(...) -> None`` and reject it in a ``with``;
+    this function has the precise type. Where ``self.toggle_optimizer`` is the user's (an override,
+    a method set on the instance, a wrapper; Lightning's own where toggleshim is not installed), it
+    makes the toggle: see :func:`_through_users`. On a Lightning whose toggle code toggleshim has not
+    verified it is that Lightning's own sequence, as the patched method is there (docs/guard.md).
     """
-    state = _state_if_any(module)
-    if state is None:
-        return False
-    exiting = state.exiting
-    if exiting is not None and same(exiting.optimizer, optimizer):
-        surely(exiting.unwind)
-        return True
-    stack = state.stack
-    if stack:
-        top = stack[-1]
-        if not top.entered and same(top.optimizer, optimizer):
-            block = top.block() if top.block is not None else None
-            surely(top.unwind)
-            if block is not None:
-                block._release()
-            return True
-        state.flat_record = 0  # Lightning's untoggle empties the record: no statement toggle is open
-        return False
-    ref, state.flat, state.flat_record = state.flat, None, 0
-    flat = ref() if ref is not None else None
-    if flat is not None and flat._phase == _MADE:  # untoggled as a statement: it holds nothing more
-        flat._release()
-    return False
+    fn = getattr(type(module), "toggle_optimizer", None)
+    if not callable(fn):
+        raise TypeError(
+            f"toggleshim.toggle() expects a LightningModule as its first argument, got {describe(module)}; "
+            "nothing was changed"
+        )
+    theirs = users(module, "toggle_optimizer")
+    if theirs is not None:
+        return _through_users(module, optimizer, theirs, flags)
+    return cast("Toggle[_OptT]", fn(module, optimizer, **flags))  # toggleshim's: the shim's, or the fallback's
 
 
-# -- a step inside a block that steps on exit --------------------------------------------------------
+class _Catch:
+    """The block a user's ``toggle_optimizer`` makes through its ``super()``, while ``toggle()`` runs
+    it (held by that call's frame alone; the thread's list refers to it weakly)."""
 
-_STEP_HOOK: list[Any] = []  # the handle of torch's global step hook, once registered
+    __slots__ = ("__weakref__", "made", "module")
 
+    made: Toggle[Any] | None
 
-def _watch_steps() -> None:
-    """Register :func:`_note_step` with torch (once, at the first block that steps on exit): every
-    optimizer's ``step()`` then tells the open blocks over it. Nothing is added to the optimizers."""
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
-    _STEP_HOOK.append(register_optimizer_step_post_hook(_note_step))
-
-
-# The open blocks that step on exit (entered, not yet closed): _note_step marks them.
-_STEPPING: list[Toggle[Any]] = []
+    def __init__(self, module: Any) -> None:
+        self.module, self.made = module, None
 
 
-def _note_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    """torch's post-step hook: an open block over ``optimizer`` has seen it step."""
-    for t in _STEPPING:
-        if t._inner is optimizer:
-            t._stepped = True
-
-
-def _double_step(optimizer: Any) -> RuntimeError:
-    return RuntimeError(
-        f"toggleshim: {type(optimizer).__name__}.step() ran inside `with self.toggle_optimizer(opt):`, which "
-        "steps on a clean exit too (step=True): the optimizer would step twice. Pass step=False to keep "
-        "your own step() call, or drop the call and let the block step. The block did not step again; "
-        "it untoggled."
-    )
-
-
-keep_dynamo_out(globals())
+def _through_users(
+    module: Any, optimizer: _OptT, theirs: Callable[..., Any], flags: Mapping[str, Any]
+) -> Toggle[_OptT]:
+    """``toggle()`` where ``self.toggle_optimizer`` is the user's: the block is the manual sequence with
+    the module's own methods. The user's method is called as ``self.toggle_optimizer(opt)`` is (the
+    optimizer alone). The block made by its ``super().toggle_optimizer(opt, ...)`` is the block, with
+    the flags that call passed, whether the method returns it or not (one that returns None has only
+    forgotten to); flags given to ``toggle()`` itself win over those. A method that makes no block of
+    toggleshim's (it never calls ``super()``, toggleshim is not installed, or the code is unverified)
+    makes a block that runs ``zero_grad``, the body, ``step`` and ``self.untoggle_optimizer(opt)``
+    around its toggle."""
+    explicit = _checked(flags)
+    # read before the toggle: a failing strategy changes nothing
+    sync = _no_sync(module, {**_DEFAULTS, **explicit})
+    catch = _Catch(module)
+    ref = weakref.ref(catch)
+    catches: list[weakref.ref[_Catch]] = _local.__dict__.setdefault("catches", [])
+    try:
+        catches.append(ref)
+        made = theirs(optimizer)
+    finally:
+        catches[:] = [r for r in catches if r is not ref and r() is not None]
+    caught = catch.made
+    if made is None and caught is not None and caught._phase == _MADE and caught._made is not None:
+        made = caught  # the return forgotten
+    block: Toggle[_OptT]
+    if (isinstance(made, Toggle) and made._phase == _MADE and made._made is not None
+            and made._made.enterable() and made._made.module is module and made._made.optimizer is optimizer):
+        block = made
+        block._flags = {**block._flags, **explicit}
+        if "sync_grad" in explicit:
+            block._made.sync = sync  # type: ignore[union-attr]
+        return block
+    return _block(_toggle.own(module, optimizer), {**_DEFAULTS, **explicit}, sync)

@@ -1,13 +1,14 @@
-"""What is toggleshim's, and the pieces every other module shares. Imports no torch; of toggleshim, the registry.
+"""What is toggleshim's, and what is the user's: one rule each, by identity. Imports no torch, nothing
+of toggleshim.
 
-* **One rule for "ours"**: a function toggleshim installed carries a weak reference to itself
-  (``_toggleshim_self``) and the original it replaced (``_toggleshim_original``). Only the object its
-  own weak reference points at is ours: ``functools.wraps`` copies ``__dict__``, so someone else's
-  wrapper over ours carries copies of both marks (and a proxy such as wrapt's forwards them).
-* **Which methods a module's class really runs** (:func:`overrides`): the block keeps the
-  extension points of what it replaces, so where a subclass overrides ``toggle_optimizer`` or
-  ``untoggle_optimizer`` the block calls the module's own method.
-* The description of a bad value, for every error message.
+* **Ours**: a function toggleshim installed carries a weak reference to itself (``_toggleshim_self``)
+  and the original it replaced (``_toggleshim_original``). Only the object its own weak reference
+  points at is ours: ``functools.wraps`` copies ``__dict__``, so someone else's wrapper over ours
+  carries copies of both marks (and a proxy such as wrapt's forwards them).
+* **The user's** (:func:`users`): whatever ``module.<name>`` resolves to that is not ours: an instance
+  attribute (``mock.patch.object``), a subclass's override or a mixin's, a wrapper of Lightning's method
+  (whatever its ``__qualname__`` says), Lightning's own method where toggleshim is not installed. The
+  block calls it where the manual sequence would.
 """
 
 from __future__ import annotations
@@ -16,26 +17,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from toggleshim._flavours import FLAVOURS
-
-__all__ = [
-    "MODE",
-    "ORIGINAL",
-    "SELF",
-    "describe",
-    "is_lightnings",
-    "mark",
-    "original_of",
-    "overrides",
-    "route",
-]
+__all__ = ["MODE", "ORIGINAL", "SELF", "describe", "mark", "original_of", "users"]
 
 ORIGINAL = "_toggleshim_original"  # on a method of ours: the function it replaced
 SELF = "_toggleshim_self"  # on a method of ours: a weak reference to itself
 MODE = "_toggleshim_mode"  # on our toggle_optimizer: "shim" (verified code) or "fallback"
-
-#: Where each flavour defines ``LightningModule``: its own methods live there.
-CORE_MODULES = tuple(f.core_module for f in FLAVOURS)
 
 
 def mark(fn: Callable[..., Any], original: Any, mode: str) -> None:
@@ -51,32 +37,16 @@ def original_of(fn: Any) -> Any:
     return getattr(fn, ORIGINAL, None) if isinstance(ref, weakref.ref) and ref() is fn else None
 
 
-def is_lightnings(fn: Any, name: str) -> bool:
-    """``fn`` is a flavour's own ``LightningModule.<name>`` (also under ``torch.compiler.disable``,
-    whose wrapper copies the name), or toggleshim's replacement of it."""
-    if original_of(fn) is not None:
-        return True
-    return getattr(fn, "__qualname__", None) == f"LightningModule.{name}" and getattr(fn, "__module__", None) in (
-        CORE_MODULES
-    )
-
-
-def overrides(module: Any, name: str) -> bool:
-    """Whether ``module``'s class runs its own ``name`` (``toggle_optimizer`` or ``untoggle_optimizer``:
-    a subclass's override, or someone else's patch) rather than Lightning's or toggleshim's."""
-    return not is_lightnings(getattr(type(module), name, None), name)
-
-
-def route(module: Any) -> Callable[..., Any] | None:
-    """The fallback ``toggle_optimizer`` installed on ``module``'s Lightning flavour, if that flavour's
-    toggle code is unverified, else None (then the shim's own toggle is exact there). A subclass's
-    own ``toggle_optimizer`` is skipped: the first of toggleshim's methods up the class's MRO (the
-    flavour's ``LightningModule``) decides, by the mode it was installed with."""
-    for cls in type(module).__mro__:
-        fn = vars(cls).get("toggle_optimizer")
-        if original_of(fn) is not None:
-            return fn if getattr(fn, MODE, None) == "fallback" else None
-    return None
+def users(module: Any, name: str) -> Callable[..., Any] | None:
+    """``module.<name>`` (``toggle_optimizer`` or ``untoggle_optimizer``) when it is the user's, as the
+    manual sequence would call it; None when it is toggleshim's. Never raises for a module without one."""
+    own: Callable[..., Any] | None = getattr(module, "__dict__", {}).get(name)
+    if own is not None:
+        return own  # set on the instance
+    if original_of(getattr(type(module), name, None)) is not None:
+        return None
+    found: Callable[..., Any] | None = getattr(module, name, None)
+    return found
 
 
 def describe(obj: Any) -> str:

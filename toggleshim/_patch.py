@@ -16,8 +16,10 @@ with a weak reference to itself, so that someone else's wrapper carrying a copy 
 (``functools.wraps`` copies ``__dict__``) is theirs.
 
 A flavour imported after toggleshim is patched the moment its ``core.module`` has run, by the
-``sys.meta_path`` hook; where another finder placed in front of it answers first (typeguard's import
-hook, a delegating finder), by the audit hook on the next import (it cannot be displaced). A warning
+``sys.meta_path`` hook. ``sys.meta_path`` itself becomes a list that hands the import system toggleshim's
+hook first, wherever it stands: a finder another tool inserts in front later (typeguard's import hook,
+a delegating finder) is asked right after it, and the loader it returns is wrapped as any other. It
+costs one short call per import of a module not yet loaded, and nothing at any other time. A warning
 the filters turn into an error is never raised inside an import: it is kept and raised from
 toggleshim's next entry point (docs/guarantees.md, "Other import hooks, warnings as errors").
 """
@@ -27,8 +29,8 @@ import functools
 import importlib
 import importlib.abc
 import inspect
+import os
 import sys
-import threading
 import traceback
 import types
 import warnings
@@ -37,15 +39,15 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, NamedTuple
 
-from toggleshim import _block, _spawn
-from toggleshim._block import _STEP_HOOK, FLAGS, Toggle, _untoggled, _watch_steps, make_fallback
-from toggleshim._compile import keep_dynamo_out, mark_for_dynamo
+from toggleshim import _block, _compile, _spawn
+from toggleshim._block import FLAGS, Toggle, make_fallback
 from toggleshim._fingerprint import fingerprint_function
 from toggleshim._flavours import FLAVOURS, Flavour
 from toggleshim._known import KNOWN
-from toggleshim._ours import CORE_MODULES, mark, original_of
 from toggleshim._ours import MODE as _MODE
 from toggleshim._ours import ORIGINAL as _SENTINEL  # noqa: F401  (tests read it here)
+from toggleshim._ours import mark, original_of
+from toggleshim._toggle import untoggled
 
 __all__ = ["ToggleshimWarning", "install", "is_installed", "uninstall"]
 
@@ -93,15 +95,9 @@ def _flavours() -> list[_Flavour]:
     return [f for f in (_loaded(k) for k in FLAVOURS) if f is not None]
 
 
-_TRAINER_MODULES = tuple(f.trainer_module for f in FLAVOURS)
-# the modules whose import the hooks wait for: a flavour's core.module (the patch), its Trainer's
+# the modules whose import the hook waits for: a flavour's core.module (the patch), its Trainer's
 # (handed to spawned processes through toggleshim, _spawn.py)
-_HOOKED = frozenset((*CORE_MODULES, *_TRAINER_MODULES))
-# "<flavour>.core.module" -> that module object, once install() (or a hook) has judged its flavour:
-# the audit hook acts only on a core.module nobody judged yet (imported behind another finder)
-_judged: dict[str, Any] = {}
-_armed = [False]  # install() ran and uninstall() has not since: the audit hook may patch
-_backstop_lock = threading.Lock()  # one audit-hook install at a time; its own imports re-enter it
+_HOOKED = frozenset(name for f in FLAVOURS for name in (f.core_module, f.trainer_module))
 # flavour name -> a ToggleshimWarning the filters turned into an error inside an import, kept to be
 # raised from toggleshim's next entry point (install(), the fallback toggle_optimizer, toggle())
 _pending: dict[str, str] = {}
@@ -129,13 +125,15 @@ def _warn(message: str, stacklevel: int, defer: str | None = None) -> None:
 def _emit_pending(names: Iterable[str], stacklevel: int) -> None:
     """Raise (or show) the kept warnings of ``names``. Each stays kept while the filters raise it as
     an error, and is dropped once shown, recorded or ignored."""
-    for name in [n for n in names if n in _pending]:
-        warnings.warn(ToggleshimWarning(_pending[name]), stacklevel=stacklevel)
-        _pending.pop(name, None)
+    for name in names:
+        message = _pending.get(name)  # (another thread may have shown it meanwhile)
+        if message is not None:
+            warnings.warn(ToggleshimWarning(message), stacklevel=stacklevel)
+            _pending.pop(name, None)
 
 
 def _judge_on_import(trust_unknown: bool, stacklevel: int) -> None:
-    """``_install`` at an import (the meta_path hook's loader, the audit hook): its warnings kept if
+    """``_install`` at an import (the meta_path hook's loader): its warnings kept if
     the filters raise them, and its own failure (an ``Exception``) reported instead of raised, so that
     the import it runs in completes. ``KeyboardInterrupt`` and ``SystemExit`` propagate."""
     try:
@@ -154,7 +152,6 @@ def _report_failure(error: Exception, stacklevel: int) -> None:
         text = "".join(traceback.format_exception_only(type(error), error)).strip()
         unpatched = [k for k in FLAVOURS if (f := _loaded(k)) is not None and _mode(f) is None]
         for k in unpatched:
-            _judged[k.core_module] = sys.modules.get(k.core_module)  # not at every import
             message = (
                 f"toggleshim could not patch {k.name} when it was imported: {text}. `with "
                 "self.toggle_optimizer(...)` will not work there; `toggleshim.install()` tries again (and "
@@ -200,8 +197,8 @@ class _PatchingLoader(importlib.abc.Loader):
 
 
 class _ImportHook:
-    """``sys.meta_path`` entry that wraps the loader of ``<flavour>.core.module``. It carries the trust
-    its loaders install with (``trust_unknown``: only while ``toggleshim check`` runs)."""
+    """``sys.meta_path`` entry that wraps the loader of a flavour's ``core.module`` and its Trainer's. It
+    carries the trust its loaders install with (``trust_unknown``: only while ``toggleshim check`` runs)."""
 
     def __init__(self, trust_unknown: bool = False) -> None:
         self.trust_unknown = trust_unknown
@@ -209,8 +206,8 @@ class _ImportHook:
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname not in _HOOKED:
             return None
-        for finder in sys.meta_path:
-            if finder is self or isinstance(finder, _ImportHook) or not hasattr(finder, "find_spec"):
+        for finder in sys.meta_path:  # the finders in their order (this one is handed out first)
+            if _is_hook(finder) or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
@@ -220,66 +217,48 @@ class _ImportHook:
         return None
 
 
-def _hooks() -> list[Any]:
+class _MetaPath(list):  # type: ignore[type-arg]
+    """``sys.meta_path`` while toggleshim is installed: the same list (``insert``, ``remove``, indexing
+    and ``repr`` are a list's), whose iteration (the import system's, at every import of a module not
+    yet loaded) hands toggleshim's hook out first. A finder that another tool inserts in front of it
+    later is then asked by the hook itself, right after it, so the flavour it finds is still patched."""
+
+    def __iter__(self) -> Any:
+        finders = list(list.__iter__(self))
+        for i, finder in enumerate(finders):
+            if _is_hook(finder):
+                if i:
+                    finders.insert(0, finders.pop(i))
+                break
+        return iter(finders)
+
+
+def _is_hook(finder: Any) -> bool:
     # by name, so that a hook left by a module object replaced by importlib.reload is recognised
-    return [f for f in sys.meta_path if type(f).__name__ == "_ImportHook" and type(f).__module__ == __name__]
+    return type(finder).__name__ == "_ImportHook" and type(finder).__module__ == __name__
 
 
-def _hook_trust() -> bool:
-    """The trust of toggleshim's import hook (the audit backstop installs as the hook would)."""
-    return any(getattr(hook, "trust_unknown", False) for hook in _hooks())
+def _hooks() -> list[Any]:
+    return [f for f in list.__iter__(sys.meta_path) if _is_hook(f)]
 
 
-def _audit(event: str, args: tuple[Any, ...]) -> None:
-    """The backstop behind the meta_path hook: CPython raises the "import" audit event for every
-    import of a module not loaded yet, before any finder runs, and an audit hook cannot be removed
-    or displaced. So where a finder in front of ours found ``<flavour>.core.module`` itself, the next
-    import after it ran (Lightning's package keeps importing) installs as the hook would have.
-
-    Runs for EVERY audit event of the process (opening a file, ``sys._getframe``...): the first line
-    returns for all but imports; then a flag and two dict lookups. Never raises but what it cannot
-    hold back (KeyboardInterrupt, SystemExit): an exception here would fail the import it runs in.
-    """
-    if event != "import":
-        return
-    if _armed[0]:
-        for key in CORE_MODULES:
-            module = sys.modules.get(key)
-            if module is not None and _judged.get(key) is not module:
-                _backstop()
-                return
-        for key in _TRAINER_MODULES:
-            trainer_cls = getattr(sys.modules.get(key), "Trainer", None)
-            if trainer_cls is not None and not _spawn.registered(trainer_cls):
-                _backstop()
-                return
+def _hook(trust_unknown: bool) -> None:
+    """One import hook of toggleshim's, with ``trust_unknown``, and ``sys.meta_path`` a :class:`_MetaPath`."""
+    hooks = _hooks()
+    if not hooks or any(hook.trust_unknown != trust_unknown for hook in hooks):
+        for hook in hooks:
+            sys.meta_path.remove(hook)
+        sys.meta_path.insert(0, _ImportHook(trust_unknown))
+    if type(sys.meta_path).__name__ != "_MetaPath":
+        sys.meta_path = _MetaPath(sys.meta_path)
 
 
-def _backstop() -> None:
-    if not _backstop_lock.acquire(blocking=False):
-        return  # our own imports (importlib.metadata, torch._dynamo) re-enter here; or another thread is at it
-    try:
-        if _armed[0] and (any(_loaded(k) is not None and _judged.get(k.core_module) is not
-                              sys.modules.get(k.core_module) for k in FLAVOURS) or _unregistered()):
-            # from here: this, _audit, the import statement (3); one frame down
-            _judge_on_import(_hook_trust(), stacklevel=4)
-    except Exception as error:  # nothing may leave an audit hook: it would fail the import it runs in
-        _report_failure(error, stacklevel=4)
-    finally:
-        _backstop_lock.release()
-
-
-# Once per process: importlib.reload runs this again in the same namespace (where the flag already
-# is), and the hook added first reads the module's names at each call, so it serves the reloaded code.
-if not globals().get("_audit_added"):
-    sys.addaudithook(_audit)
-    _audit_added = True
-
-
-def _unregistered() -> list[type]:
-    """Each flavour's ``Trainer`` loaded and not yet handed to spawned processes through toggleshim."""
-    found = (getattr(sys.modules.get(key), "Trainer", None) for key in _TRAINER_MODULES)
-    return [cls for cls in found if isinstance(cls, type) and not _spawn.registered(cls)]
+def _unhook() -> None:
+    """No import hook of toggleshim's, and ``sys.meta_path`` a plain list again (the same finders)."""
+    for hook in _hooks():
+        sys.meta_path.remove(hook)
+    if type(sys.meta_path).__name__ == "_MetaPath":
+        sys.meta_path = list(list.__iter__(sys.meta_path))
 
 
 def _core(fn: Any) -> Any:
@@ -372,20 +351,6 @@ def _classify(flavour: _Flavour) -> Verdict:
     ))
 
 
-def _marked_like(original: Any, replacement: Callable[..., Any]) -> Callable[..., Any]:
-    """Give ``replacement`` the ``torch.compiler.disable`` marking ``original`` has, if any."""
-    if not getattr(original, "_torchdynamo_disable", False):
-        return replacement
-    import torch._dynamo
-
-    marked: Callable[..., Any] = torch._dynamo.disable(  # type: ignore[no-untyped-call]
-        replacement,
-        recursive=getattr(original, "_torchdynamo_disable_recursive", True),
-        reason=getattr(original, "_torchdynamo_disable_msg", None),
-    )
-    return marked
-
-
 _TOGGLE_DOC = """Toggle ``optimizer`` now; the result is also a context manager (patched by toggleshim).
 
 As a statement this is exactly Lightning's ``toggle_optimizer``: only ``optimizer``'s
@@ -439,7 +404,7 @@ def _make_untoggle(original: Any) -> Callable[..., Any]:
     def untoggle_optimizer(self: Any, optimizer: Any) -> None:
         """Lightning's ``untoggle_optimizer``; inside a toggleshim block it closes a nested statement
         toggle, and called by a block's exit (through a subclass's override) it closes that block."""
-        if not _untoggled(self, optimizer):
+        if not untoggled(self, optimizer):
             original(self, optimizer)
 
     return _finish(untoggle_optimizer, original, "shim")
@@ -447,7 +412,7 @@ def _make_untoggle(original: Any) -> Callable[..., Any]:
 
 def _finish(replacement: Callable[..., Any], original: Any, mode: str) -> Callable[..., Any]:
     replacement.__qualname__ = f"LightningModule.{replacement.__name__}"
-    patched = _marked_like(original, replacement)
+    patched = _compile.disabled(replacement, like=original)  # torch.compile runs it eagerly
     mark(patched, original, mode)
     return patched
 
@@ -471,10 +436,22 @@ def _warning_first(fallback: Callable[..., Any], name: str) -> Callable[..., Any
     @functools.wraps(fallback)
     def toggle_optimizer(self: Any, optimizer: Any, **flags: bool) -> Any:
         if name in _pending:
-            _emit_pending((name,), stacklevel=3)  # frames: _emit_pending, this, the caller
+            _emit_pending((name,), stacklevel=_callers_level())
         return fallback(self, optimizer, **flags)
 
     return toggle_optimizer
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` of a warning from :func:`_emit_pending` that points at the code calling the
+    function that calls this one, past torch.compile's wrapper of it (``_compile.disabled``)."""
+    frame, level = sys._getframe(2), 3  # frames: _emit_pending, the function, its caller
+    while frame is not None and _DYNAMO_FILES in frame.f_code.co_filename:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_DYNAMO_FILES = os.path.join("", "torch", "_dynamo", "")  # in the path of the wrapper's file
 
 
 def install() -> None:
@@ -510,19 +487,10 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> d
     ``defer`` (at an import): a warning the filters raise as an error is kept in ``_pending`` and, on
     a fallback, raised by its first call, instead of raised here. ``stacklevel``: the frame warnings
     point at, counting this function as 1."""
-    _armed[0] = True
-    hooks = _hooks()
-    if not hooks or any(getattr(hook, "trust_unknown", False) != trust_unknown for hook in hooks):
-        for hook in hooks:
-            sys.meta_path.remove(hook)
-        sys.meta_path.insert(0, _ImportHook(trust_unknown))
-    for k in FLAVOURS:  # judged once its classes exist (a core.module still running is judged later)
-        _judged[k.core_module] = sys.modules.get(k.core_module) if _loaded(k) is not None else None
+    _hook(trust_unknown)
     flavours = _flavours()
     if flavours:
-        mark_for_dynamo()  # toggleshim's code, for torch.compile: Lightning has loaded torch by now
-        if not _STEP_HOOK:
-            _watch_steps()  # torch's step hook, so that a block never spends its first entry on it
+        _compile.keep_dynamo_out()  # toggleshim's code, for torch.compile: Lightning has loaded torch by now
     verdicts: dict[str, Verdict] = {}
     for flavour in flavours:
         kept = flavour.name if defer else None
@@ -559,18 +527,18 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> d
             continue
         for name, make in (("toggle_optimizer", _make_toggle), ("untoggle_optimizer", _make_untoggle)):
             setattr(flavour.module_cls, name, make(originals[name]))
-    for trainer_cls in _unregistered():  # spawned ranks import toggleshim (_spawn.py)
-        _spawn.register(trainer_cls)
+    for key in (f.trainer_module for f in FLAVOURS):  # spawned ranks import toggleshim (_spawn.py)
+        trainer_cls = getattr(sys.modules.get(key), "Trainer", None)
+        if isinstance(trainer_cls, type):
+            _spawn.register(trainer_cls)
     return verdicts
 
 
 def uninstall() -> None:
     """Put back the exact original function objects on every flavour (a no-op where not installed)."""
-    _armed[0] = False
     _pending.clear()  # about what toggleshim did, undone now: install() judges afresh
     _spawn.unregister()
-    for hook in _hooks():
-        sys.meta_path.remove(hook)
+    _unhook()
     for flavour in _flavours():
         for name in _PATCHED:
             original = _original_of(vars(flavour.module_cls).get(name))
@@ -623,7 +591,7 @@ def _trusting() -> Iterator[dict[str, Verdict]]:
     was); afterwards the exact objects found before, and the import hook as found."""
     flavours = _flavours()
     saved = {(f.module_cls, name): vars(f.module_cls).get(name) for f in flavours for name in _PATCHED}
-    hooked, armed, pending = bool(_hooks()), _armed[0], dict(_pending)
+    hooked, pending = bool(_hooks()), dict(_pending)
     uninstall()
     try:
         yield _install(True)
@@ -632,8 +600,7 @@ def _trusting() -> Iterator[dict[str, Verdict]]:
         for (cls, name), fn in saved.items():
             if fn is not None:
                 setattr(cls, name, fn)
-        _armed[0] = armed
         _pending.update(pending)
         if hooked:
-            sys.meta_path.insert(0, _ImportHook())
-keep_dynamo_out(globals())
+            _hook(False)
+

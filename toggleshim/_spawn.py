@@ -18,33 +18,32 @@ from typing import Any
 
 __all__ = ["register", "registered", "unregister"]
 
-_REGISTERED: set[type] = set()  # the Trainer classes whose reduction is ours
+
+def _reducers() -> dict[Any, Any]:
+    """multiprocessing's table of reductions (``ForkingPickler.register`` writes there): the one record
+    of which Trainer classes are handed over through toggleshim."""
+    from multiprocessing.reduction import ForkingPickler
+
+    return ForkingPickler._extra_reducers  # type: ignore[attr-defined,no-any-return]
 
 
 def register(trainer_cls: type) -> None:
     """Hand ``trainer_cls`` (exactly that class: multiprocessing looks reductions up by type) to spawned
     processes through :func:`_reduce`. Idempotent."""
-    if trainer_cls in _REGISTERED:
-        return
     from multiprocessing.reduction import ForkingPickler
 
     ForkingPickler.register(trainer_cls, _reduce)
-    _REGISTERED.add(trainer_cls)
 
 
 def unregister() -> None:
     """Take every reduction of ours back (``uninstall()``)."""
-    from multiprocessing.reduction import ForkingPickler
-
-    reducers = getattr(ForkingPickler, "_extra_reducers", {})
-    for cls in list(_REGISTERED):
-        if reducers.get(cls) is _reduce:
-            del reducers[cls]
-        _REGISTERED.discard(cls)
+    reducers = _reducers()
+    for cls in [cls for cls, reduce in list(reducers.items()) if reduce is _reduce]:
+        reducers.pop(cls, None)
 
 
 def registered(trainer_cls: Any) -> bool:
-    return trainer_cls in _REGISTERED
+    return _reducers().get(trainer_cls) is _reduce
 
 
 def _reduce(trainer: Any) -> tuple[Any, ...]:

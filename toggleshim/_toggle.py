@@ -1,44 +1,45 @@
-"""The exact toggle: Lightning's ``toggle_optimizer`` done exactly, flat or nested, and its undo.
+"""The toggles: Lightning's ``toggle_optimizer`` done exactly, flat or nested, the module's own, and
+their undo; the per-module state they share.
 
 The reference is ``toggleshim.testing.model``, the plain-Python model of these semantics; the
 property suite checks this file against it and against Lightning's own methods. The block around a
 toggle (zero_grad, step, the exit paths) is ``_block.py``; every ``requires_grad`` write goes through
-``_writes.py``.
+``_writes.py``. A toggle made is one of three kinds, each with its own undo:
 
-* *Flat* toggle (no toggle of this module is open): exactly Lightning's ``toggle_optimizer``. Every
+* :class:`_Flat` (no toggle of this module is open): exactly Lightning's ``toggle_optimizer``. Every
   parameter held by ``trainer.optimizers`` is recorded and frozen, then the toggled optimizer's
-  parameters get their recorded value back; the record is ``module._param_requires_grad_state``.
-  Its undo (:class:`_Flat`) is exactly Lightning's ``untoggle_optimizer``: the *other* optimizers'
-  parameters get the value the record holds for them at the exit.
-* *Nested* toggle (inside an open block): the same toggle, taken from the *user's* view rather than
-  from the frozen state around it (:meth:`_Made.user_view`); its undo (:class:`_Nested`) restores
-  exactly the state found at the toggle.
+  parameters get their recorded value back; the record is ``module._param_requires_grad_state``. Its
+  undo is exactly Lightning's ``untoggle_optimizer``: the *other* optimizers' parameters get the value
+  the record holds for them at the exit.
+* :class:`_Nested` (inside an open block): the same toggle, taken from the *user's* view rather than
+  from the frozen state around it (:meth:`_Made.user_view`); its undo restores exactly the state found.
+* :class:`_Own`: the module's own ``toggle_optimizer`` made it (an override that never calls
+  ``super()``, a method set on the instance, or Lightning's own method on code toggleshim has not
+  verified: the *fallback*); its undo is the module's own ``untoggle_optimizer``. The fallback's blocks
+  do not nest (Lightning's nested toggles freeze the inner optimizer's parameters for good).
 
-:func:`toggle` makes one and returns it, a :class:`_Flat` or a :class:`_Nested`: what it recorded
-and how to undo it. Nothing here keeps a module, optimizer, parameter or class alive: per-module
-state dies with its module, a cached plan holds only integers, an undone toggle holds nothing.
+Nothing here keeps a module, optimizer, parameter or class alive: per-module state dies with its
+module, a cached plan holds only integers and its layout is watched through weak references, an undone
+toggle holds nothing. Nothing here knows about blocks.
 """
 
 from __future__ import annotations
 
-import _thread
 import contextlib
-import gc
 import sys
-import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from itertools import repeat
 from operator import attrgetter, is_, itemgetter
 from typing import Any
 
-from toggleshim import _writes
-from toggleshim._compile import keep_dynamo_out
 from toggleshim._flavours import FLAVOURS
 from toggleshim._ours import describe as _describe
-from toggleshim._writes import MISSING, RECORD, apply, first, put_record, restore
+from toggleshim._ours import users
+from toggleshim._writes import MISSING, RECORD, apply, first, put_record, restore, surely
 
-__all__ = ["toggle"]
+__all__ = ["own", "refuse_nesting", "same", "state_if_any", "toggle", "untoggled"]
 
 _requires_grad = attrgetter("requires_grad")
 _new = object.__new__  # a made toggle is built field by field, without __init__ (the hot path)
@@ -51,8 +52,7 @@ def _read(opts: Sequence[Any]) -> list[Any]:
 
     Two layouts holding the same objects (``is``) mean the same optimizers in the same order holding
     the same parameters, so the same plan. Kept this lean on purpose: it runs at every toggle and
-    every exit, between ``zero_grad`` and ``step``, where each extra operation costs several times
-    its cost in isolation (benchmarks/bench_toggle.py, 10 parameters).
+    every exit, between ``zero_grad`` and ``step`` (benchmarks/block_vs_manual.py, 10 parameters).
     """
     layout: list[Any] = []
     for opt in opts:
@@ -75,10 +75,9 @@ def _picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]
 class _Plan:
     """How toggling one optimizer reads a layout: which items are the managed parameters (first
     occurrences, in Lightning's order), which of them the toggle freezes, which the untoggle restores.
-    Positions only, plus the last record built (see the flat toggle); cached per module for its
-    current layout (``_ModuleState``)."""
+    Positions only; cached per module for its current layout (``_ModuleState``)."""
 
-    __slots__ = ("free", "inside", "last_record", "last_vals", "managed", "own_mask", "restore")
+    __slots__ = ("free", "inside", "managed", "own_mask", "restore")
 
     def __init__(
         self, layout: Sequence[Any], ends: Sequence[int], toggled: Sequence[int], outside: Sequence[Any] | None
@@ -103,40 +102,63 @@ class _Plan:
         self.free = _picker([i for i, key in enumerate(order) if key not in own])  # managed -> frozen ones
         self.restore = _picker([i for i, key in enumerate(order) if key in restored])  # managed -> restored
         self.inside = bool(toggled)  # the optimizer is one of trainer.optimizers (the plan can be cached)
-        self.last_vals: tuple[bool, ...] | None = None
-        self.last_record: dict[Any, bool] | None = None
+
+
+# -- per-module state ---------------------------------------------------------------------------------
 
 
 class _ModuleState:
-    """Per-module bookkeeping: the stack of open toggles (entered blocks, and nested statement
-    toggles), and a cache: the layout last toggled over and the plans for it, by the toggled optimizer
-    (``_plan_key``).
+    """What toggleshim knows of one module: the stack of open toggles (entered blocks, and nested
+    statement toggles), the last flat toggle, the plans cached for the layout last toggled over, and
+    what the block's exit shares with the module's own methods.
 
-    The cache holds the parameters and optimizers of that layout (so that an identity check proves a
-    new layout is the same). It is dropped when the layout changes (at the next toggle), at every full
-    garbage collection (``_drop_caches``, so ``gc.collect()`` frees a replaced parameter as it would
-    without toggleshim) and with the module.
+    The cached layout is kept as the ``id`` of each of its items, each watched through a weak reference
+    whose callback drops the cache: the cache never keeps a parameter or optimizer alive (a replaced
+    parameter is freed as without toggleshim), and while it is kept every item it names is alive, so
+    equal ids are the same objects.
     """
 
-    __slots__ = ("exiting", "flat", "flat_own", "flat_record", "layout", "module", "plans", "stack")
+    __slots__ = ("__weakref__", "exiting", "fallback", "flat", "flat_own", "flat_record", "ids", "module", "plans",
+                 "stack", "watches")
 
     def __init__(self, module: weakref.ref[Any]) -> None:
         self.module = module  # weak: a module's state never keeps it alive
-        self.layout: list[Any] | None = None
+        self.ids: list[int] | None = None
+        self.watches: list[weakref.ref[Any]] = []
         self.plans: dict[Any, _Plan] = {}
         self.stack: list[_Made] = []
-        # The last flat toggle: its block (weakly: let go of at its untoggle, never kept alive; set by
-        # _block), the id of the record it stored and which of the record's keys are its optimizer's
-        # (a block entered while that toggle is open as a statement nests inside it: ``_Flat.nested``).
-        self.flat: weakref.ref[Any] | None = None
+        # The last flat toggle (weakly: let go of at its untoggle, never kept alive), the id of the
+        # record it stored and which of the record's keys are its optimizer's (a block entered while
+        # that toggle is open as a statement nests inside it: ``_Flat.nested``).
+        self.flat: weakref.ref[_Made] | None = None
         self.flat_record = 0
         self.flat_own: tuple[bool, ...] = ()
-        # The toggle whose block's exit is calling the module's own ``untoggle_optimizer`` (a
-        # subclass's override): toggleshim's untoggle, reached through ``super()``, undoes it.
+        # The toggle whose block's exit is calling the module's own ``untoggle_optimizer`` (the user's):
+        # toggleshim's untoggle, reached through its ``super()``, undoes it (:func:`untoggled`).
         self.exiting: _Made | None = None
+        self.fallback: _Own | None = None  # the fallback's open block's toggle: no other opens meanwhile
+
+    def cache(self, layout: list[Any]) -> None:
+        """``layout`` is the cached one from now on (its plans are made as needed)."""
+        self.ids, self.plans, self.watches = None, {}, []  # first: a layout half watched is no cache
+        try:
+            stale = partial(_stale, _ref(self))
+            self.watches = [_ref(item, stale) for item in layout]
+        except TypeError:  # an item that cannot be weakly referenced: nothing is cached
+            return
+        self.ids = list(map(id, layout))
 
 
-# Keyed by id(module), valid while the module lives: its weak reference's callback drops the entry.
+def _stale(state: weakref.ref[_ModuleState], dead: Any) -> None:
+    """An item of the cached layout died: the cache goes (its plans were for a layout that is gone)."""
+    s = state()
+    if s is not None:
+        s.ids, s.plans, s.watches = None, {}, []
+
+
+# Keyed by id(module), valid while the module lives: its weak reference's callback drops the entry. Not
+# on the module itself (``vars(module)``, pickling and ``copy.deepcopy`` would carry it), nor a
+# WeakKeyDictionary (a module class may define ``__eq__`` without ``__hash__``).
 _STATES: dict[int, _ModuleState] = {}
 
 
@@ -146,56 +168,18 @@ def _forget(ref: weakref.ref[Any], key: int) -> None:
         del _STATES[key]
 
 
-def _state_if_any(module: Any) -> _ModuleState | None:
+def state_if_any(module: Any) -> _ModuleState | None:
     state = _STATES.get(id(module))
     return state if state is not None and state.module() is module else None
 
 
 def _state(module: Any) -> _ModuleState:
-    state = _state_if_any(module)
+    state = state_if_any(module)
     if state is None:
         key = id(module)
-        state = _STATES[key] = _ModuleState(weakref.ref(module, lambda ref: _forget(ref, key)))
+        state = _ModuleState(weakref.ref(module, lambda ref: _forget(ref, key)))
+        _STATES[key] = state  # (only this thread can be toggling this module: it holds it)
     return state
-
-
-def _drop_caches(phase: str, info: dict[str, int]) -> None:
-    """A full collection starts (``gc.collect()`` among them): every module drops its cache, so that no
-    parameter outlives a full collection because of toggleshim.
-
-    Python's gc prints and drops whatever a callback raises ("Exception ignored"): a Ctrl-C landing in
-    this body is delivered again to the main thread, from another thread, once the collection is over
-    (its "stop" callback lets that thread go; delivered from here, it would land here again). One that
-    lands on the call itself, before its first line, is Python's to drop: docs/guarantees.md."""
-    try:
-        if phase == "start" and info.get("generation") == 2:
-            for state in list(_STATES.values()):
-                state.layout = None
-                state.plans = {}
-    except KeyboardInterrupt:
-        held = _thread.allocate_lock()
-        held.acquire()
-        _REDELIVER.append(held)
-        _thread.start_new_thread(_redeliver, (held,))  # (not threading's: its start() waits, here)
-    if phase == "stop" and _REDELIVER:
-        _REDELIVER.pop().release()
-
-
-# The Ctrl-C caught in _drop_caches, to be delivered again once its collection is over: a lock that
-# the delivering thread waits for, released by the collection's "stop" callback.
-_REDELIVER: list[Any] = []
-
-
-def _redeliver(held: Any) -> None:
-    held.acquire()  # the collection is over
-    time.sleep(0.005)  # and gc has returned to the code it interrupted
-    _thread.interrupt_main()
-
-
-# One callback, also after importlib.reload of this module (which would add a second).
-gc.callbacks[:] = [cb for cb in gc.callbacks if getattr(cb, "__qualname__", None) != "_drop_caches"
-                   or getattr(cb, "__module__", None) != __name__]
-gc.callbacks.append(_drop_caches)
 
 
 _WRAPPER_MODULES = tuple(f.optimizer_module for f in FLAVOURS)
@@ -214,6 +198,11 @@ def _unwrap(optimizer: Any) -> Any:
         if cls is not None and isinstance(optimizer, cls):
             return optimizer._optimizer
     return optimizer
+
+
+def same(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are the same optimizer (a ``LightningOptimizer`` is its torch optimizer)."""
+    return a is b or _unwrap(a) is _unwrap(b)
 
 
 # -- validation and messages ---------------------------------------------------------------------
@@ -309,21 +298,37 @@ def _plan_key(optimizer: Any, inner: Any) -> Any:
     return id(optimizer) if optimizer is inner else (id(optimizer), id(inner))
 
 
-# -- the toggle made, and its undo -----------------------------------------------------------------
+def refuse_nesting(module: Any, label: str) -> None:
+    """The fallback (Lightning's own toggle, on code toggleshim has not verified, ``label``) toggles
+    nothing while one of its blocks is open on ``module``: raises, having changed nothing."""
+    state = state_if_any(module)
+    if state is not None and state.fallback is not None:
+        raise RuntimeError(
+            f"toggleshim: nested toggle_optimizer blocks are not available on {label}: its toggle code is not "
+            "one toggleshim has verified, so `with self.toggle_optimizer(opt):` runs Lightning's own sequence "
+            "(toggle; zero_grad; body; step; untoggle), and Lightning's own nested toggles freeze the inner "
+            "optimizer's parameters for good. Nothing was changed. Close the outer block first, or: run "
+            "`python -m toggleshim check`, pin Lightning to a release toggleshim verified, and report this "
+            "Lightning version to toggleshim."
+        )
+
+
+# -- the toggles made, and their undo -------------------------------------------------------------
 #
 # Every undo step is idempotent and marks itself done only once done, so that an interrupt (Ctrl-C)
 # at any line, even the first of a function, is made good by a retry (``_writes.surely``).
 
 
 class _Made:
-    """A toggle made by :func:`toggle`: what it recorded and how to undo it. Single-use; once undone
-    (``done``) it holds nothing of the user's.
+    """A toggle made: what it recorded and how to undo it. Single-use; once undone (``done``) it holds
+    nothing of the user's.
 
-    ``entered``: a block runs over it (set by ``_block``); a toggle on the stack that is not entered
-    is a statement toggle made inside a block."""
+    ``entered``: a block runs over it (set by the block); a toggle on the stack that is not entered is
+    a statement toggle made inside a block. ``sync``: the no-sync context the block over it enters
+    (``sync_grad=False``), held here so that an untoggle lets go of it too."""
 
-    __slots__ = ("block", "done", "entered", "inner", "managed", "module", "optimizer", "plan", "record", "state",
-                 "vals")
+    __slots__ = ("__weakref__", "done", "entered", "inner", "managed", "module", "optimizer", "plan", "record",
+                 "state", "sync", "vals")
 
     module: Any
     state: _ModuleState  # kept once undone: the stack is there
@@ -332,19 +337,18 @@ class _Made:
     plan: _Plan | None
     managed: tuple[Any, ...] | None  # the managed parameters at the toggle
     vals: tuple[bool, ...] | None  # the user's view of each managed parameter (flat: the record's values)
-    record: dict[Any, bool] | None  # the record this toggle stored
+    record: Any  # the record this toggle stored (the module's own toggle: the one it left)
     entered: bool
     done: bool
-    block: weakref.ref[Any] | None  # a nested statement toggle's block object (weakly), set by _block
-
-    def owned_by(self, block: Any) -> None:
-        """``block`` (``_block.Toggle``) runs over this toggle; held weakly, so that an untoggle can make
-        a kept statement toggle's object let go of everything."""
-        raise NotImplementedError
+    sync: Any
 
     def enterable(self) -> bool:
         """A block may start over this toggle: nothing undid or superseded it since it was made."""
         return not self.done and self.module.__dict__.get(RECORD) is self.record
+
+    def describe(self, status: str) -> str:
+        """The ``repr`` of a block over this toggle, in ``status``."""
+        return f"<toggleshim.Toggle {status} optimizer={type(self.optimizer).__name__}>"
 
     def for_block(self) -> _Made:
         """The toggle a block entered over this one holds (this one, as a rule): no side effects."""
@@ -353,6 +357,37 @@ class _Made:
     def open(self) -> None:
         """A block starts over this toggle (:meth:`for_block`'s): from here on it is a block's."""
         raise NotImplementedError
+
+    def leave(self) -> BaseException | None:
+        """The block's exit: the module's own ``untoggle_optimizer(optimizer)``, called once, where
+        the manual sequence would call the user's method; returns its error. Toggleshim's own undo
+        follows (:meth:`unwind`)."""
+        fn = None if self.done else users(self.module, "untoggle_optimizer")
+        if fn is None:  # toggleshim's own (or undone already, by an enclosing block's exit): the undo follows
+            return None
+        state = self.state
+        error: BaseException | None = None
+        state.exiting = self
+        try:
+            fn(self.optimizer)  # its super() reaches toggleshim's untoggle, which undoes this toggle
+        except BaseException as e:  # returned: raised once toggleshim's bookkeeping is done
+            error = e
+        finally:
+            state.exiting = None
+        if not self.done:  # the method did not call super().untoggle_optimizer
+            # ... or an interrupt stopped it first: then toggleshim's untoggle runs, writing (a Ctrl-C
+            # never leaves the toggle half-undone); a method that returned, or raised an error, without
+            # super() has the last word on requires_grad: let go without writing
+            interrupted = error is not None and not isinstance(error, Exception)
+            try:
+                surely(self.unwind, interrupted)
+            except BaseException as e:
+                error = first(error, e)
+        return error
+
+    def abandon(self) -> None:
+        """The block's exit was let go of with the block still open (an interrupt at the exit's first
+        line): no user code runs from there; the undo follows."""
 
     def user_view(self, managed: tuple[Any, ...], now: tuple[bool, ...]) -> tuple[bool, ...]:
         """The user's ``requires_grad`` for ``managed`` (currently ``now``) while this toggle is the
@@ -393,7 +428,7 @@ class _Made:
         nothing of the module once the module dies)."""
         self.done = True
         self.module = self.optimizer = self.inner = self.plan = self.managed = self.vals = self.record = None
-        self.block = None
+        self.sync = None
 
     def unwind(self, write: bool = True) -> None:
         """:meth:`close` this toggle and every toggle still open above it on the stack, innermost
@@ -424,9 +459,6 @@ class _Flat(_Made):
     # made while a statement toggle was open: (its record, the ids of its optimizer's parameters,
     # which of the record's keys those are); a block entered over this toggle nests inside it
     outer: tuple[Any, frozenset[int], tuple[bool, ...]] | None
-
-    def owned_by(self, block: Any) -> None:
-        self.state.flat = _ref(block)
 
     def for_block(self) -> _Made:
         return self.nested() if self.outer is not None else self
@@ -493,7 +525,7 @@ class _Flat(_Made):
         made.module, made.state, made.optimizer, made.inner = self.module, self.state, self.optimizer, self.inner
         made.plan, made.managed, made.vals, made.record = self.plan, self.managed, user, dict(zip(self.managed, user))
         made.entry, made.prev_record, made.entered, made.done = found, outer, True, False
-        made.block, made.statement = None, own
+        made.statement, made.sync = own, self.sync
         return made
 
 
@@ -507,9 +539,6 @@ class _Nested(_Made):
     # made from a flat toggle inside a statement toggle (_Flat.nested): which of the statement's record
     # keys are its optimizer's
     statement: tuple[bool, ...] | None
-
-    def owned_by(self, block: Any) -> None:
-        self.block = _ref(block)
 
     def enterable(self) -> bool:
         stack = self.state.stack
@@ -550,6 +579,60 @@ class _Nested(_Made):
               previous, state.stack, self)
 
 
+class _Own(_Made):
+    """The module's own toggle (made by the user's ``toggle_optimizer``, or by Lightning's own on code
+    toggleshim has not verified: ``label`` names that Lightning): its undo is the module's own
+    ``untoggle_optimizer``, which the block's exit calls; toggleshim writes nothing."""
+
+    __slots__ = ("label",)
+
+    label: str | None  # the fallback's Lightning: while its block is open, no other toggle is made
+
+    def enterable(self) -> bool:
+        if self.label is not None and not self.done:
+            refuse_nesting(self.module, self.label)  # made before the fallback's open block, entered in it
+        return not self.done
+
+    def describe(self, status: str) -> str:
+        if self.label is not None:
+            return f"<toggleshim fallback toggle {status} on {self.label}>"
+        return f"<toggleshim.Toggle {status} (the module's own toggle_optimizer)>"
+
+    def open(self) -> None:
+        self.entered = True
+        if self.label is not None:
+            self.state.fallback = self
+
+    def leave(self) -> BaseException | None:
+        try:
+            self.abandon()
+        except BaseException as e:  # returned: raised once toggleshim's bookkeeping is done
+            return e
+        return None
+
+    def abandon(self) -> None:
+        if not self.done:
+            self.module.untoggle_optimizer(self.optimizer)  # there is no other undo
+
+    def undo(self) -> None:
+        self.forget()
+
+    def forget(self) -> None:
+        if self.state.fallback is self:
+            self.state.fallback = None
+
+
+def own(module: Any, optimizer: Any, label: str | None = None) -> _Made:
+    """The toggle the module's own ``toggle_optimizer`` has just made (``label``: the fallback's)."""
+    made: _Own = _new(_Own)
+    made.module, made.state, made.optimizer, made.inner = module, _state(module), optimizer, _unwrap(optimizer)
+    made.plan = made.managed = made.vals = made.sync = None
+    made.record = module.__dict__.get(RECORD)
+    made.entered = made.done = False
+    made.label = label
+    return made
+
+
 def toggle(module: Any, optimizer: Any, opts: Sequence[Any]) -> _Made:
     """Toggle ``optimizer`` on ``module`` now, over ``opts`` (``trainer.optimizers``): flat where no
     toggle of the module is open, nested inside the innermost open one otherwise. Validates first:
@@ -565,14 +648,14 @@ def toggle(module: Any, optimizer: Any, opts: Sequence[Any]) -> _Made:
     state = _STATES.get(id(module))
     if state is None or state.module() is not module:
         state = _state(module)
-    cached = state.layout
-    if cached is None or len(layout) != len(cached) or not all(map(is_, layout, cached)):
-        state.layout, state.plans = layout, {}  # a new layout: forget the plans of the old one
+    ids = state.ids
+    if ids is None or len(layout) != len(ids) or ids != list(map(id, layout)):
+        state.cache(layout)  # a new layout: forget the plans of the old one
     key = _plan_key(optimizer, inner)
     plan = state.plans.get(key)
     if plan is None:
         plan = _new_plan(module, optimizer, inner, opts, layout)  # validates: raises before any change
-        if plan.inside:  # an optimizer outside trainer.optimizers is planned at every toggle
+        if plan.inside and state.ids is not None:  # one for an optimizer outside trainer.optimizers is made anew
             state.plans[key] = plan
     managed: tuple[Any, ...] = plan.managed(layout)
     vals: tuple[bool, ...] = tuple(map(_requires_grad, managed))
@@ -583,25 +666,20 @@ def toggle(module: Any, optimizer: Any, opts: Sequence[Any]) -> _Made:
         flat.module, flat.state, flat.optimizer, flat.inner = module, state, optimizer, inner
         flat.plan, flat.layout, flat.managed, flat.vals = plan, layout, managed, vals
         flat.entered = flat.done = False
-        flat.block = None
+        flat.sync = None
         # A statement toggle still open (a record not yet emptied by an untoggle): entered, this
         # toggle nests inside it (_Flat.nested); as a statement it stays Lightning's flat toggle.
         flat.outer = _open_statement(state, previous) if state.flat_record == id(previous) and previous else None
-        # The record, dict(zip(managed, vals)): a copy of the plan's last one when the values are the
-        # same (a copy reuses the stored hashes; building one calls Tensor.__hash__, in Python, for every
-        # parameter, the largest cost of a toggle at 1,000 parameters and more).
-        if vals != plan.last_vals:
-            plan.last_record, plan.last_vals = dict(zip(managed, vals)), vals
-        flat.record = record = plan.last_record.copy()  # type: ignore[union-attr]
+        flat.record = record = dict(zip(managed, vals))
         apply(module, plan.free(managed), repeat(False), plan.free(vals), record, previous)
-        state.flat_record, state.flat_own = id(record), plan.own_mask
+        state.flat_record, state.flat_own, state.flat = id(record), plan.own_mask, _ref(flat)
         return flat
     # Nested: the same toggle from the user's view, undone on leaving.
     nested: _Nested = _new(_Nested)
     nested.module, nested.state, nested.optimizer, nested.inner = module, state, optimizer, inner
     nested.plan, nested.managed, nested.entry, nested.prev_record = plan, managed, vals, previous
     nested.entered = nested.done = False
-    nested.block = nested.statement = None
+    nested.statement = nested.sync = None
     nested.vals = user = stack[-1].user_view(managed, vals)
     nested.record = record = dict(zip(managed, user))
     targets = [want if mine else False for want, mine in zip(user, plan.own_mask)]
@@ -634,10 +712,32 @@ def _lightning_untoggle(module: Any, opts: Sequence[Any], optimizer: Any, inner:
     restore(params, values)
 
 
-def same(a: Any, b: Any) -> bool:
-    """``a`` and ``b`` are the same optimizer (a ``LightningOptimizer`` is its torch optimizer)."""
-    return a is b or _unwrap(a) is _unwrap(b)
+def untoggled(module: Any, optimizer: Any) -> bool:
+    """toggleshim's ``untoggle_optimizer(optimizer)``, before Lightning's: True when it undid a toggle
+    of toggleshim's instead (then Lightning's untoggle must not run).
 
-
-keep_dynamo_out(globals())
-keep_dynamo_out(vars(_writes))  # every requires_grad write is made there
+    * the exit of a block of this module calls the module's own ``untoggle_optimizer`` (the user's),
+      which reached this through ``super()``: that block's toggle is undone;
+    * a statement toggle made inside a block: undone as a nested block;
+    * otherwise Lightning's untoggle runs, and the last flat toggle lets go of everything.
+    """
+    state = state_if_any(module)
+    if state is None:
+        return False
+    exiting = state.exiting
+    if exiting is not None and same(exiting.optimizer, optimizer):
+        surely(exiting.unwind)
+        return True
+    stack = state.stack
+    if stack:
+        top = stack[-1]
+        if not top.entered and same(top.optimizer, optimizer):
+            surely(top.unwind)
+            return True
+        state.flat_record = 0  # Lightning's untoggle empties the record: no statement toggle is open
+        return False
+    ref, state.flat, state.flat_record = state.flat, None, 0
+    flat = ref() if ref is not None else None
+    if flat is not None and not flat.entered:  # untoggled as a statement: it holds nothing more
+        flat.let_go()
+    return False

@@ -24,7 +24,7 @@ from torch import nn
 
 from toggleshim._block import Toggle, toggle
 from toggleshim._flavours import NAMES, of_module
-from toggleshim._ours import original_of, route
+from toggleshim._ours import MODE, original_of
 from toggleshim.testing import model as _model
 from toggleshim.testing.specs import (
     SYNC_FAULTS,
@@ -439,7 +439,7 @@ class ShimDriver:
         module, opt = world.module, world.opts[op.k]
         if op.entry == "toggle":
             toggled = toggle(module, opt, **flags)
-        elif op.entry == "Toggle" and route(module) is None:
+        elif op.entry == "Toggle" and not _fallback(module):
             # Toggle(...) builds the shim's toggle whatever the gate decided (it is not routed to
             # the fallback as toggle() is): drawn only where the shim is installed
             toggled = Toggle(module, opt, **flags)
@@ -496,13 +496,22 @@ class ShimDriver:
         raise Mismatch(f"toggle_optimizer({op.flag}={op.value!r}) did not refuse the value")
 
 
+def _fallback(module: Any) -> bool:
+    """The module's Lightning flavour has the fallback installed (toggle code toggleshim has not verified)."""
+    for cls in type(module).__mro__:
+        fn = vars(cls).get("toggle_optimizer")
+        if original_of(fn) is not None:
+            return getattr(fn, MODE, None) == "fallback"
+    return False
+
+
 def _kind(world: World, op: Block) -> str:
     """What a block of ``op`` is over, as its repr names it: the module's own toggle (an override that
     never calls ``super()``: one that returns None has its ``super()``'s toggle caught), the fallback
     (unverified Lightning code), or toggleshim's toggle of the optimizer passed (its class's name)."""
     if world.overrides is not None and world.overrides.toggle == "own":
         return "own"
-    if route(world.module) is not None:
+    if _fallback(world.module):
         return "fallback"
     return type(world.opts[op.k]).__name__
 

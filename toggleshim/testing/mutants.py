@@ -95,7 +95,7 @@ LIGHTNING: dict[str, dict[str, Callable[[Any, Any], None]]] = {
 # -- shim bugs (edits of functions of the core) --------------------------------------------------
 
 #: The modules of the core, in the order they import each other: a shim bug is planted in one of them.
-CORE = ("_writes", "_toggle", "_block")
+CORE = ("_writes", "_ours", "_toggle", "_block")
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ _STEP = """
 try:
     if exc_type is None and self._flags["step"]:
         if self._stepped:
-            raise _double_step(optimizer)
+            raise _double_step(_toggle._unwrap(optimizer))
         optimizer.step()
 except BaseException:
     quietly(self._leave, retry=False)
@@ -188,7 +188,6 @@ SHIM: dict[str, Edit] = {
     ),
     "nested exit restores nothing": Edit("_Nested.undo", "restore(self.managed, self.entry)", "pass", "_toggle"),
     "toggle freezes nothing (statement form does nothing)": Edit("toggle", "plan.free(managed)", "()", "_toggle"),
-    "toggle reuses a stale record": Edit("toggle", "vals != plan.last_vals", "plan.last_record is None", "_toggle"),
     "toggle freezes the toggled optimizer too": Edit(
         "_Plan.__init__", "_picker([i for i, key in enumerate(order) if key not in own])",
         "_picker(list(range(len(order))))", "_toggle",
@@ -201,8 +200,8 @@ SHIM: dict[str, Edit] = {
         "toggle", "key = _plan_key(optimizer, inner)", "key = 0", "_toggle"
     ),
     "cached plan ignores in-place layout edits": Edit(
-        "toggle", "cached is None or len(layout) != len(cached) or not all(map(is_, layout, cached))",
-        "cached is None or len(layout) != len(cached)", "_toggle",
+        "toggle", "ids is None or len(layout) != len(ids) or ids != list(map(id, layout))",
+        "ids is None or len(layout) != len(ids)", "_toggle",
     ),
     "flat exit ignores edits made inside the block": Edit("_Flat.undo", "now = _read(opts)", "now = layout", "_toggle"),
     "flat exit restores the values found at the toggle": _changing(
@@ -215,20 +214,32 @@ SHIM: dict[str, Edit] = {
         "_Flat.undo", _FLAT_CHECK, "type(record) is dict", "isinstance(record, dict)", "_toggle"
     ),
     "statement untoggle inside a block ignored": Edit(
-        "_untoggled", "not top.entered and same(top.optimizer, optimizer)", "False"
+        "untoggled", "not top.entered and same(top.optimizer, optimizer)", "False", "_toggle"
     ),
     "the exit bypasses an overridden untoggle_optimizer": Edit(
-        "Toggle._leave", 'overrides(self._module, "untoggle_optimizer")', "False"
+        "_Made.leave", 'None if self.done else users(self.module, "untoggle_optimizer")', "None", "_toggle"
+    ),
+    # the user's methods are what self.<name> resolves to (issue 35: a method set on the instance, a
+    # wraps-wrapper of Lightning's method carrying its name, flags an override passes to super())
+    "the exit skips an untoggle_optimizer set on the instance": Edit(
+        "users", 'getattr(module, "__dict__", {}).get(name)', "None", "_ours"
+    ),
+    "a wrapper of Lightning's method is taken for Lightning's by its name": Edit(
+        "users", "original_of(getattr(type(module), name, None)) is not None",
+        'getattr(getattr(type(module), name, None), "__qualname__", "").startswith("LightningModule.")', "_ours"
+    ),
+    "toggle() drops the flags an override passes to super()": Edit(
+        "_through_users", "block._flags = {**block._flags, **explicit}", "block._flags = {**_DEFAULTS, **explicit}"
     ),
     "a step inside a block goes unnoticed": Edit(
-        "Toggle._exit", "if self._stepped:\n    raise _double_step(optimizer)",
-        "if False:\n    raise _double_step(optimizer)",
+        "Toggle._exit", "if self._stepped:\n    raise _double_step(_toggle._unwrap(optimizer))",
+        "if False:\n    raise _double_step(_toggle._unwrap(optimizer))",
     ),
     "a block inside a statement toggle is Lightning's flat one": Edit(
         "_Flat.for_block", "self.outer is not None", "False", "_toggle"
     ),
     "a statement toggle keeps everything after its untoggle": Edit(
-        "_untoggled", "flat is not None and flat._phase == _MADE", "False"
+        "untoggled", "flat is not None and not flat.entered", "False", "_toggle"
     ),
     "block ignores sync_grad": Edit(
         "_toggle_optimizer",
@@ -241,13 +252,17 @@ SHIM: dict[str, Edit] = {
     ),
     # the block steps the torch optimizer inside a LightningOptimizer: no precision plugin (16-bit
     # AMP's loss scaler), no loop hooks, no global step
-    "the block steps around the LightningOptimizer": Edit("Toggle._exit", "optimizer.step()", "self._inner.step()"),
+    "the block steps around the LightningOptimizer": Edit(
+        "Toggle._exit", "optimizer.step()", "_toggle._unwrap(optimizer).step()"
+    ),
     "a toggle that cannot complete keeps its writes": Edit(
         "apply", "quietly(_rollback, module, params, olds, previous)", "pass", "_writes"
     ),
-    "the fallback's blocks nest": Edit("make_fallback.toggle_optimizer", "id(self) in _OPEN_BLOCKS", "False"),
+    "the fallback's blocks nest": Edit("refuse_nesting", "state is not None and state.fallback is not None", "False",
+                                       "_toggle"),
     # only the block holds its exit's watch: freed with it in a garbage cycle, the callback never runs
     "the exit's watch is the block's alone": Edit("_guard", "_GUARDS.add(watch)", "pass"),
+
 }
 
 
