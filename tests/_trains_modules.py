@@ -5,8 +5,8 @@ the planted-bug runs it starts in fresh processes), one class per Lightning flav
   ``toggleshim.toggle`` (``"typed"``), accumulation (the flags), LR schedulers.
 * :func:`nested`: a block inside a block, a statement toggle inside a block, a block inside an open
   statement toggle: toggleshim's nesting, which has no manual sequence.
-* :func:`overrides`: a class whose ``toggle_optimizer`` and ``untoggle_optimizer`` call ``super()``
-  (a count; fine-tuning that keeps the backbone's bias frozen after every untoggle).
+* :func:`overrides`: ``test_user_methods``' classes whose ``toggle_optimizer`` and ``untoggle_optimizer``
+  are the module's own (calling ``super()``, or not).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from typing import Any
 
 import _training_models as M
 import torch
-
-import toggleshim
 
 BATCHES = 6  # batches of every module's data (batch size 4)
 
@@ -83,55 +81,29 @@ def nested(flavour: str, made: list[Any] | None = None) -> Any:
         def train_dataloader(self) -> Any:
             return M.loader(BATCHES * 4, 4)
 
-    def make() -> Any:
-        module = Nested()
+    return _recording(Nested, made)
+
+
+def overrides(flavour: str, toggle: str | None = "super", untoggle: str = "refreeze", entry: str = "method",
+              made: list[Any] | None = None) -> Any:
+    """``make`` for ``test_user_methods``' backbone with two heads, whose class overrides
+    ``toggle_optimizer`` / ``untoggle_optimizer`` as named there (``"super"``: returns ``super()``'s
+    toggle, then freezes the backbone's bias; ``"refreeze"``: ``super()``, then freezes the backbone
+    (fine-tuning); ``"log"``: ``super()`` and a count; ``"own"``: never calls ``super()``); ``entry``:
+    ``"method"`` (``with self.toggle_optimizer(opt):``) or ``"toggle"`` (``toggleshim.toggle``)."""
+    from test_user_methods import _module_class
+
+    cls = _module_class(flavour, toggle, untoggle)
+    return _recording(lambda: cls(entry), made)
+
+
+def _recording(make: Any, made: list[Any] | None) -> Any:
+    """``make``, appending each module it makes to ``made``."""
+
+    def recorded() -> Any:
+        module = make()
         if made is not None:
             made.append(module)
         return module
 
-    return make
-
-
-def overrides(flavour: str, typed: bool = False, made: list[Any] | None = None) -> Any:
-    """``make`` for a backbone with two heads whose class overrides both methods, calling ``super()``;
-    ``typed``: the blocks through ``toggleshim.toggle(self, opt)``."""
-
-    class FineTuned(M.flavour_module(flavour).LightningModule):  # type: ignore[misc, name-defined]
-        def __init__(self) -> None:
-            super().__init__()
-            self.automatic_optimization = False
-            gen = torch.Generator().manual_seed(0)
-            self.backbone = M.mlp([2, 4], gen)
-            self.head_a, self.head_b = M.mlp([4, 1], gen), M.mlp([4, 1], gen)
-            self.calls = {"toggle": 0, "untoggle": 0}
-
-        def toggle_optimizer(self, optimizer: Any, **flags: Any) -> Any:
-            self.calls["toggle"] += 1
-            return super().toggle_optimizer(optimizer, **flags)
-
-        def untoggle_optimizer(self, optimizer: Any) -> None:
-            self.calls["untoggle"] += 1
-            super().untoggle_optimizer(optimizer)
-            self.backbone[0].bias.requires_grad_(False)  # fine-tuning: the backbone's bias stays as it is
-
-        def configure_optimizers(self) -> Any:
-            a = torch.optim.Adam([*self.backbone.parameters(), *self.head_a.parameters()], lr=0.05)
-            b = torch.optim.SGD([*self.head_b.parameters(), self.backbone[0].weight], lr=0.1, momentum=0.9)
-            return [a, b]
-
-        def training_step(self, batch: Any, batch_idx: int) -> None:
-            x, _ = batch
-            for opt, head in zip(self.optimizers(), (self.head_a, self.head_b)):
-                with toggleshim.toggle(self, opt) if typed else self.toggle_optimizer(opt):
-                    self.manual_backward(head(self.backbone(x)).square().mean())
-
-        def train_dataloader(self) -> Any:
-            return M.loader(BATCHES * 4, 4)
-
-    def make() -> Any:
-        module = FineTuned()
-        if made is not None:
-            made.append(module)
-        return module
-
-    return make
+    return recorded

@@ -55,20 +55,24 @@ def test_nested_toggles_train_like_the_documented_nesting(flavour: str) -> None:
     assert manual.inside == shim.inside == [True] * (3 * T.BATCHES)
 
 
-@pytest.mark.parametrize("typed", [False, True], ids=["self.toggle_optimizer", "toggleshim.toggle"])
-def test_overrides_calling_super_are_the_modules_own_methods(flavour: str, typed: bool) -> None:
-    """Both fits call the class's overrides, once per block each; the override that re-freezes the
-    backbone's bias after ``super()`` leaves it frozen in both. ``toggleshim.toggle`` on such a class
-    runs toggleshim's own block around the override: the manual fit refuses it, saying what to write."""
+@pytest.mark.parametrize(("toggle", "untoggle"), [("super", "log"), ("super", "refreeze"), (None, "own")],
+                         ids=["counted", "fine-tuning", "an untoggle without super()"])
+def test_overrides_are_the_modules_own_methods(flavour: str, toggle: str | None, untoggle: str) -> None:
+    """Both fits call the class's overrides: its ``untoggle_optimizer`` once per block (counted where it
+    counts), its ``toggle_optimizer`` too (which freezes the backbone's bias after ``super()``); what an
+    untoggle leaves after ``super()``, or without it, is the same in both."""
     made: list[Any] = []
-    if typed:
-        with pytest.raises(ValueError, match=r"toggleshim.toggle\(self, opt\)` on a class that overrides"):
-            assert_trains_like_manual(T.overrides(flavour, typed=True), max_steps=STEPS)
-        return
-    assert_trains_like_manual(T.overrides(flavour, made=made), max_steps=STEPS)
+    assert_trains_like_manual(T.overrides(flavour, toggle, untoggle, made=made), max_steps=STEPS)
     manual, shim = made
-    assert manual.calls == shim.calls == {"toggle": STEPS, "untoggle": STEPS}
+    assert manual.untoggles == shim.untoggles == (0 if untoggle == "refreeze" else STEPS)
     assert not shim.backbone[0].bias.requires_grad
+
+
+def test_toggleshim_toggle_over_an_overridden_toggle_optimizer_is_refused(flavour: str) -> None:
+    """``toggleshim.toggle`` on such a class runs toggleshim's own block around the override: the manual
+    fit cannot expand it, and says what to write."""
+    with pytest.raises(ValueError, match=r"toggleshim.toggle\(self, opt\)` on a class that overrides"):
+        assert_trains_like_manual(T.overrides(flavour, entry="toggle"), max_steps=STEPS)
 
 
 @pytest.mark.one_flavour_by_default
