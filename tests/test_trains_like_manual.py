@@ -223,6 +223,10 @@ def test_bad_input_is_named(flavour: str) -> None:
     with pytest.raises(TypeError, match=r"must return a LightningModule, got torch\.nn\.modules\.linear\.Linear"):
         assert_trains_like_manual(lambda: torch.nn.Linear(1, 1), max_steps=1)
 
+    module = make()
+    with pytest.raises(ValueError, match="make\\(\\) returned the module it returned before"):
+        assert_trains_like_manual(lambda: module, max_steps=STEPS)
+
     def automatic() -> Any:
         module = make()
         module.automatic_optimization = True

@@ -86,15 +86,25 @@ def assert_trains_like_manual(make: Callable[[], Any], *, max_steps: int, **trai
         raise ValueError(f"assert_trains_like_manual(): max_steps must be a positive int, got {describe(max_steps)}")
     # max_epochs: a fit whose code stops stepping still ends (Lightning's default is no limit then)
     options = {**TRAINER_DEFAULTS, "max_epochs": max_steps, **trainer_kwargs, "max_steps": max_steps}
+    made: list[Any] = []
+
+    def fresh() -> Any:
+        module = make()
+        if any(module is m for m in made):
+            raise ValueError("assert_trains_like_manual(): make() returned the module it returned before; it must "
+                             "build a fresh one each call (the second fit would start from the first's result)")
+        made.append(module)
+        return module
+
     with _global_state_kept():
         counter = _Counter()
         try:
-            manual = _fit(make, options, counter, expand=True)
+            manual = _fit(fresh, options, counter, expand=True)
         except _ManualRaised as raised:  # the same code through toggleshim: its own exception, if it raises one
-            _fit(make, options, _Counter(limit=counter.batches))
+            _fit(fresh, options, _Counter(limit=counter.batches))
             e = raised.__cause__
             raise AssertionError(f"the manual fit raised {type(e).__name__}: {e} (the toggleshim fit did not)") from e
-        shim = _fit(make, options, _Counter(limit=counter.batches))
+        shim = _fit(fresh, options, _Counter(limit=counter.batches))
     first = _first_difference(shim, manual)
     if first is not None:
         raise AssertionError(f"after fit: {first}" + ("" if "with toggleshim" in first else " (toggleshim vs manual)"))
