@@ -19,14 +19,17 @@ import torch
 BATCHES = 6  # batches of every module's data (batch size 4)
 
 
-def gan(flavour: str, style: str = "block", accumulate: int = 1, schedulers: bool = False) -> Any:
-    """``make`` for the tiny GAN: a fresh module with its data."""
+def gan(flavour: str, style: str = "block", accumulate: int = 1, schedulers: bool = False, probe: bool = False,
+        made: list[Any] | None = None) -> Any:
+    """``make`` for the tiny GAN: a fresh module with its data (``probe``: it records DDP's gradient sync
+    flag after every backward)."""
 
     class GAN(M.gan_class(M.flavour_module(flavour))):  # type: ignore[misc]
         def train_dataloader(self) -> Any:
             return M.loader(BATCHES * 4, 4)
 
-    return lambda: GAN(style=style, accumulate=accumulate, schedulers=schedulers, lr=0.05)
+    return _recording(lambda: GAN(style=style, accumulate=accumulate, schedulers=schedulers, probe=probe, lr=0.05),
+                      made)
 
 
 def nested(flavour: str, made: list[Any] | None = None) -> Any:

@@ -78,10 +78,14 @@ def test_toggleshim_toggle_over_an_overridden_toggle_optimizer_is_refused(flavou
 @pytest.mark.one_flavour_by_default
 def test_ddp_on_one_device_blocks_sync_in_both_fits(flavour: str) -> None:
     """``strategy="ddp…"`` on one CPU device: ``sync_grad=False`` enters the strategy's
-    ``block_backward_sync()`` in both fits; the process group DDP started is gone afterwards."""
-    assert_trains_like_manual(T.gan(flavour, accumulate=2), max_steps=T.BATCHES,
+    ``block_backward_sync()`` in both fits (DDP's sync flag, after each backward: off on the first
+    micro-batch, on on the last); the process group DDP started is gone afterwards."""
+    made: list[Any] = []
+    assert_trains_like_manual(T.gan(flavour, accumulate=2, probe=True, made=made), max_steps=T.BATCHES,
                               strategy="ddp_find_unused_parameters_true")
     assert not torch.distributed.is_initialized()
+    manual, shim = ([r["sync"] for r in m.records if "sync" in r] for m in made)
+    assert manual == shim == [False, False, True, True] * (T.BATCHES // 2)
 
 
 # -- planted bugs: the first difference, named
