@@ -36,7 +36,7 @@ import torch
 import toggleshim
 from toggleshim import Toggle
 from toggleshim._flavours import FLAVOURS, Flavour, of_module
-from toggleshim._ours import mark, original_of
+from toggleshim._ours import describe, mark, original_of
 from toggleshim.testing.model import FLAG_DEFAULTS, Frame, ToggleModel
 
 __all__ = ["TRAINER_DEFAULTS", "assert_trains_like_manual"]
@@ -68,9 +68,9 @@ def assert_trains_like_manual(make: Callable[[], Any], *, max_steps: int, **trai
     checked). An exception of the toggleshim fit propagates unchanged.
 
     ``max_steps`` and ``trainer_kwargs`` go to both ``Trainer`` s (defaults: :data:`TRAINER_DEFAULTS`, and
-    ``max_epochs=max_steps``, so that a fit that never steps ends too); the
-    same objects serve both fits (a stateful callback passed here sees both). Both fits run in this
-    process, one device (``strategy="ddp"`` included: ``sync_grad=False`` then blocks its gradient sync).
+    ``max_epochs=max_steps``, so that a fit that never steps ends too); the same objects serve both fits
+    (a stateful callback passed here sees both). Both fits run in this process, one device
+    (``strategy="ddp"`` included: ``sync_grad=False`` then blocks its gradient sync).
     Afterwards the random generators, torch's determinism flags, the environment, the process group and
     toggleshim's installed state are as they were.
 
@@ -434,11 +434,6 @@ class _Expansion:
 def _inner(optimizer: Any) -> Any:
     """A ``LightningOptimizer``'s torch optimizer; a torch optimizer itself."""
     return getattr(optimizer, "_optimizer", optimizer)
-
-
-def describe(obj: Any) -> str:
-    """``module.Class`` of a bad value, for an error message."""
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 class _Block:
