@@ -150,12 +150,14 @@ def test_the_accumulation_recipe_runs_in_a_module() -> None:
 
 def test_every_other_python_block_is_an_excerpt_of_a_checked_file() -> None:
     """The typed example is an excerpt of the file `.ci/run` type-checks with `mypy --strict`; the
-    harness example one of the example test that the suite runs."""
+    testing example one of the example test that the suite runs, on the first example's GAN as written."""
     blocks = _python_blocks()
     typed = next(b for b in blocks if "toggle(self, d_opt)" in b)
-    harness = next(b for b in blocks if "assert_program_equivalent" in b)
+    testing = next(b for b in blocks if "assert_trains_like_manual" in b)
+    gan = blocks[0][blocks[0].index("class GAN"):]
     assert _excerpt_of(typed, ROOT / "tests" / "typing" / "typed_gan.py"), typed
-    assert _excerpt_of(harness, ROOT / "examples" / "test_my_module.py"), harness
+    assert _excerpt_of(testing, ROOT / "examples" / "test_my_training.py"), testing
+    assert _excerpt_of(gan, ROOT / "examples" / "test_my_training.py"), gan
     assert "tests/typing/typed_gan.py" in CI_RUN or "typed_gan.py" in CI_RUN
     assert len(blocks) == 4, "a new python block in the README: add it to the tests above"
 

@@ -7,7 +7,9 @@
     def test_toggling(spec):
         assert_toggle_equivalent(spec)
 
-See README "Testing your own module" for running them against your own LightningModule.
+See README "Testing your own module" for running them against your own LightningModule, and
+:func:`assert_trains_like_manual` for your own training code: your module fitted through toggleshim and
+with every block expanded into Lightning's manual sequence, compared bitwise.
 """
 
 from toggleshim.testing.harness import (
@@ -47,6 +49,7 @@ from toggleshim.testing.specs import (
     programs,
     worlds,
 )
+from toggleshim.testing.trains import assert_trains_like_manual
 
 __all__ = [
     "FLAT_EXAMPLES",
@@ -73,6 +76,7 @@ __all__ = [
     "assert_program_equivalent",
     "assert_toggle_equivalent",
     "assert_toggle_equivalent_in_trainer",
+    "assert_trains_like_manual",
     "build_world",
     "compare_runs",
     "expected_calls",
