@@ -445,7 +445,8 @@ def _warning_first(fallback: Callable[..., Any], name: str) -> Callable[..., Any
 def _callers_level() -> int:
     """The ``stacklevel`` of a warning from :func:`_emit_pending` that points at the code calling the
     function that calls this one, past torch.compile's wrapper of it (``_compile.disabled``)."""
-    frame, level = sys._getframe(2), 3  # frames: _emit_pending, the function, its caller
+    frame: types.FrameType | None = sys._getframe(2)
+    level = 3  # frames: _emit_pending, the function, its caller
     while frame is not None and _DYNAMO_FILES in frame.f_code.co_filename:
         frame, level = frame.f_back, level + 1
     return level
