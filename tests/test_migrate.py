@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from toggleshim import _migrate
+from toggleshim._migrate import _run as migrate_run
 from toggleshim._migrate import migrate_source
 
 
@@ -394,14 +395,14 @@ def test_cli_on_a_terminal(project: Path) -> None:
 
 def test_unreadable_file_reported_others_processed(project: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    real = _migrate._read
+    real = migrate_run._read
 
     def read(path: str) -> bytes:
         if path.endswith("plain.py"):
             raise PermissionError(13, "Permission denied", path)
         return real(path)
 
-    monkeypatch.setattr(_migrate, "_read", read)
+    monkeypatch.setattr(migrate_run, "_read", read)
     monkeypatch.chdir(project)
     assert _migrate.main(["--write", "pkg"]) == 1
     err = capsys.readouterr().err
@@ -416,14 +417,14 @@ def test_analysis_failing_for_one_file_skips_it_and_goes_on(project: Path, monke
     `skipped: cannot analyse: <error>`; the files after it are processed; exit 1 (docs/migrate.md)."""
     first = project / "pkg" / "a_first.py"  # processed before gan.py (sorted)
     first.write_text(GAN)
-    real = _migrate._migrate_parsed
+    real = migrate_run._migrate_parsed
 
     def analyse(parsed: _migrate._Parsed, *args: object, **kwargs: object) -> _migrate._FileResult:
         if parsed.path.endswith("a_first.py"):
             raise RuntimeError("planted")
         return real(parsed, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_migrate, "_migrate_parsed", analyse)
+    monkeypatch.setattr(migrate_run, "_migrate_parsed", analyse)
     r = run_here(mode, "pkg", cwd=project, monkeypatch=monkeypatch, capsys=capsys)
     assert r.returncode == 1
     assert r.stderr.startswith("pkg/a_first.py: skipped: cannot analyse: RuntimeError: planted\n"), r.stderr
@@ -445,7 +446,7 @@ def test_write_failing_midway_leaves_the_file_whole(project: Path, monkeypatch: 
     if fail_at == "replace":
         def replace(src: str, dst: str) -> None:
             raise OSError(28, "No space left on device")
-        monkeypatch.setattr(_migrate.os, "replace", replace)
+        monkeypatch.setattr(os, "replace", replace)
     else:
         real_fdopen = os.fdopen
 
@@ -463,7 +464,7 @@ def test_write_failing_midway_leaves_the_file_whole(project: Path, monkeypatch: 
                 self.fh.write(data[: len(data) // 2])  # type: ignore[attr-defined]
                 raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(_migrate.os, "fdopen", lambda fd, mode: HalfFile(real_fdopen(fd, mode)))
+        monkeypatch.setattr(os, "fdopen", lambda fd, mode: HalfFile(real_fdopen(fd, mode)))
     monkeypatch.chdir(project)
     assert _migrate.main(["--write", "pkg"]) == 1
     assert "pkg/gan.py: skipped: cannot write: No space left on device (left unchanged)" in capsys.readouterr().err
@@ -916,8 +917,8 @@ def test_write_that_cannot_keep_the_owner_leaves_the_file(project: Path, monkeyp
     def chown(path: str, uid: int, gid: int) -> None:
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(_migrate.os, "stat", stat)
-    monkeypatch.setattr(_migrate.os, "chown", chown)
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.setattr(os, "chown", chown)
     monkeypatch.chdir(project)
     assert _migrate.main(["--write", "pkg"]) == 1
     err = capsys.readouterr().err

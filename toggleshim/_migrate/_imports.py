@@ -1,0 +1,163 @@
+"""Where ``import toggleshim`` goes: isort's and ruff's default sections and order, first-party
+decided as ruff decides it by default."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import libcst as cst
+
+from toggleshim._migrate._syntax import _code, _only_expr
+
+_IMPORT_COMMENT = "# toggleshim makes self.toggle_optimizer(...) usable as a with-block"
+_IMPORT_LINE = "import toggleshim  # noqa: F401"
+
+
+# isort's and ruff's default sections, in order
+_FUTURE, _STDLIB, _THIRD_PARTY, _FIRST_PARTY, _LOCAL = range(5)
+_PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+
+
+def _first_party(path: str) -> Callable[[str], bool]:
+    """Whether a top-level module name is first-party for the file at ``path``, as ruff's defaults
+    decide it: the file's own top-level package, or a package or module found in the project root
+    (the nearest directory above the file holding pyproject.toml, setup.py, setup.cfg or .git; else
+    the current directory) or in its ``src``."""
+    here = os.path.dirname(os.path.abspath(path))
+    package = None
+    folder = here
+    while os.path.isfile(os.path.join(folder, "__init__.py")):
+        package, folder = os.path.basename(folder), os.path.dirname(folder)
+    root = here
+    while not any(os.path.exists(os.path.join(root, m)) for m in _PROJECT_MARKERS):
+        parent = os.path.dirname(root)
+        if parent == root:
+            root = os.getcwd()
+            break
+        root = parent
+
+    def known(name: str) -> bool:
+        if name == package:
+            return True
+        return any(
+            os.path.isdir(os.path.join(base, name)) or os.path.isfile(os.path.join(base, name + ".py"))
+            for base in (root, os.path.join(root, "src"))
+        )
+
+    return known
+
+
+def _import_key(stmt: cst.CSTNode, first_party: Callable[[str], bool]) -> tuple[int, int, str] | None:
+    """(section, 0 for ``import x`` / 1 for ``from x import``, module) of an import line, as isort
+    and ruff sort by default; None for any other line."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or not all(
+        isinstance(x, (cst.Import, cst.ImportFrom)) for x in stmt.body
+    ):
+        return None
+    small = stmt.body[0]
+    if isinstance(small, cst.ImportFrom):
+        if small.relative:
+            return (_LOCAL, 1, "")
+        name = _code(small.module).strip() if small.module is not None else ""
+        kind = 1
+    else:
+        assert isinstance(small, cst.Import)
+        name, kind = _code(small.names[0].name).strip(), 0
+    top = name.split(".")[0]
+    if top == "__future__":
+        section = _FUTURE
+    elif top in sys.stdlib_module_names:
+        section = _STDLIB
+    elif first_party(top):
+        section = _FIRST_PARTY
+    else:
+        section = _THIRD_PARTY
+    return (section, kind, name.lower())
+
+
+def _imports_toggleshim(module: cst.Module, bound: bool = False) -> bool:
+    """The file imports toggleshim at the top level (which installs the patch); ``bound``: as
+    ``import toggleshim[.sub]``, which binds the name ``toggleshim`` a ``toggleshim.toggle`` block uses."""
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Import) and any(
+                    _code(a.name).split(".")[0] == "toggleshim" and (a.asname is None or not bound) for a in small.names
+                ):
+                    return True
+                if (
+                    not bound
+                    and isinstance(small, cst.ImportFrom)
+                    and small.module is not None
+                    and _code(small.module).split(".")[0] == "toggleshim"
+                ):
+                    return True
+    return False
+
+
+def _blank_first(stmt: Any, blank: bool) -> Any:
+    """``stmt`` with at least one blank line before it (``blank``; kept as they are when it has
+    some) or without the blank lines it has before its first comment."""
+    lines = list(stmt.leading_lines)
+    n = 0
+    while n < len(lines) and lines[n].comment is None:
+        n += 1
+    if blank:
+        return stmt if n else stmt.with_changes(leading_lines=[cst.EmptyLine(), *lines])
+    return stmt.with_changes(leading_lines=lines[n:]) if n else stmt
+
+
+def _add_import(module: cst.Module, path: str = "<string>", used: bool = False) -> cst.Module:
+    """``import toggleshim`` where isort and ruff (default sections) put it: in the third-party
+    section of the file's first run of top-level imports (straight imports before ``from`` imports,
+    by name), a section of its own when there is none; unless the file imports toggleshim already.
+    ``used``: a ``toggleshim.toggle(...)`` block uses the name (then ``import toggleshim`` itself is
+    needed, and it is no unused import: no ``noqa``, no comment)."""
+    if _imports_toggleshim(module, bound=used):
+        return module
+    body = list(module.body)
+    first_party = _first_party(path)
+    start = 0
+    if body and isinstance(_only_expr(body[0]), (cst.SimpleString, cst.ConcatenatedString)):
+        start = 1  # the module docstring
+    end = start
+    while end < len(body) and _import_key(body[end], first_party) is not None:
+        end += 1
+    new: Any = cst.parse_statement(("import toggleshim" if used else _IMPORT_LINE) + "\n")
+    comment = [] if used else [cst.EmptyLine(comment=cst.Comment(_IMPORT_COMMENT))]
+    if end == start:  # no imports: at the top (after the docstring), blank lines around
+        new = new.with_changes(leading_lines=([cst.EmptyLine()] if start else []) + comment)
+        if start < len(body):
+            after = body[start]
+            blank = 2 if isinstance(after, (cst.FunctionDef, cst.ClassDef)) else 1
+            body[start] = after.with_changes(leading_lines=[*[cst.EmptyLine()] * blank, *after.leading_lines])
+        body.insert(start, new)
+        return module.with_changes(body=body)
+    mine = (_THIRD_PARTY, 0, "toggleshim")
+    keys = [_import_key(stmt, first_party) for stmt in body[start:end]]
+    pos = start + next((n for n, key in enumerate(keys) if key is not None and key > mine), len(keys))
+    prev = keys[pos - start - 1] if pos > start else None
+    following = keys[pos - start] if pos < end else None
+    # A blank line before the comment line (ruff's isort wants one before a comment inside a
+    # section); the next import keeps its own blank line unless the new import took over the
+    # opening of the third-party section, and the next section gets one.
+    # First in the run, it takes over the blank lines the run had (none right after a docstring
+    # stays none).
+    opens = prev is None or prev[0] != _THIRD_PARTY
+    if pos == start:
+        first = body[pos].leading_lines
+        lead = list(itertools.takewhile(lambda line: line.comment is None, first))
+    else:
+        lead = [cst.EmptyLine()] if comment or opens else []  # a comment, or a new section: a blank line
+    new = new.with_changes(leading_lines=lead + comment)
+    if following is not None:
+        if opens and following[0] == _THIRD_PARTY:
+            body[pos] = _blank_first(body[pos], blank=False)  # it no longer opens the section
+        elif following[0] != _THIRD_PARTY:
+            body[pos] = _blank_first(body[pos], blank=True)  # the next section, after a blank line
+    body.insert(pos, new)
+    return module.with_changes(body=body)
