@@ -362,7 +362,13 @@ def test_cli_without_libcst_says_how_to_install(tmp_path: Path) -> None:
     code = "import sys; sys.modules['libcst'] = None; from toggleshim.__main__ import main; sys.exit(main())"
     r = subprocess.run([sys.executable, "-c", code, "migrate", "ok.py"], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 2
-    assert r.stderr == 'toggleshim migrate: toggleshim migrate needs LibCST: pip install "toggleshim[migrate]"\n'
+    assert r.stderr == 'toggleshim migrate: LibCST is not installed: pip install "toggleshim[migrate]"\n'
+    assert r.stderr.count("toggleshim migrate") == 1  # one prefix (issue 38)
+    code = "import sys; sys.modules['libcst'] = None; from toggleshim._migrate import migrate_source"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.stderr.splitlines()[-1] == (
+        'ImportError: toggleshim migrate: LibCST is not installed: pip install "toggleshim[migrate]"'
+    )
 
 
 def test_cli_console_script_and_help(tmp_path: Path) -> None:

@@ -286,18 +286,44 @@ def test_migrate_assumption_names_bases_from_outside_the_run(
             "(pl.LightningModule)", "(FancyModule)"
         )
     )
-    code, out, err = _diff(pkg, monkeypatch, capsys)
+    code, out, err = _diff(pkg, monkeypatch, capsys, "--verbose")
     assert code == 0 and _with_lines(out)[0] == "with self.toggle_optimizer(g_opt):"
     [line] = [line for line in err.splitlines() if "assumed" in line]
     assert "fancy.modules.FancyModule" in line and "toggleshim.toggle(self, opt)" in line
     assert "lightning" not in line  # Lightning's own LightningModule overrides nothing
+    _, _, short = _diff(pkg, monkeypatch, capsys)
+    assert [line for line in short.splitlines() if "assumed" in line] == [ASSUMED]
+
+
+# The assumption, as a run states it by default: one line, short (--verbose: in full)
+ASSUMED = "toggleshim migrate: assumed: no toggle_optimizer outside these files returns None (--verbose: more)"
+
+
+def test_migrate_assumption_is_one_short_line_a_run(
+    pkg: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three files whose spans all become plain blocks: the assumption is said once a run, in one line
+    of at most 100 characters (issue 38); ``--verbose`` says it in full, once, in its place."""
+    _tree(pkg, {"pkg/more.py": BASE.replace("class Base", "class More"), "pkg/third.py": BASE.replace(
+        "class Base", "class Third")})
+    code, _, err = _diff(pkg, monkeypatch, capsys, "--write")
+    assert code == 0 and err.count("migrated 2 spans") == 3, err
+    lines = err.splitlines()
+    assert [line for line in lines if "assumed" in line] == [ASSUMED] and len(ASSUMED) <= 100
+    assert lines[-2:] == [ASSUMED, "toggleshim migrate: rewrote 3 of 4 files (6 spans)"]
+    for name in ("models", "more", "third"):  # back to statements, to be migrated again
+        (pkg / "pkg" / f"{name}.py").write_text(BASE.replace("class Base", f"class {name.title()}"))
+    _, _, err = _diff(pkg, monkeypatch, capsys, "--verbose")
+    [line] = [line for line in err.splitlines() if "assumed" in line]
+    assert line.startswith("toggleshim migrate: assumed: no class outside these files overrides toggle_optimizer")
+    assert 'docs/migrate.md, "Overrides"' in line and "toggleshim.toggle(self, opt)" in line
 
 
 def test_migrate_unprocessable_file_counts_as_outside_the_run(
     pkg: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (pkg / "pkg" / "broken.py").write_text("class Sub(Base:\n")
-    code, _, err = _diff(pkg, monkeypatch, capsys)
+    code, _, err = _diff(pkg, monkeypatch, capsys, "--verbose")
     assert code == 1
     [line] = [line for line in err.splitlines() if "assumed" in line]
     assert "a file that could not be processed" in line

@@ -58,5 +58,5 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if not _has_libcst():
-        raise ImportError(_INSTALL_HINT)
+        raise ImportError(f"toggleshim migrate: {_INSTALL_HINT}")
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -12,7 +12,8 @@ import sys
 from toggleshim._migrate._assumptions import ASSUMPTIONS
 from toggleshim._migrate._files import _python_files, _UsageError
 
-_INSTALL_HINT = 'toggleshim migrate needs LibCST: pip install "toggleshim[migrate]"'
+# Said after the command's name ("toggleshim migrate: ..."), by main() and on a first use of the package's names
+_INSTALL_HINT = 'LibCST is not installed: pip install "toggleshim[migrate]"'
 
 
 def _has_libcst() -> bool:
@@ -50,6 +51,12 @@ def _parser(prog: str = "toggleshim") -> argparse.ArgumentParser:
         help="take an opt-in assumption (repeatable; off by default): "
         + "; ".join(f"{name}: {text}" for name, text in ASSUMPTIONS.items()),
     )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="say in full what the run assumed and why (by default one short line)",
+    )
     parser.set_defaults(mode="diff")
     return parser
 
@@ -76,7 +83,7 @@ def main(argv: list[str], prog: str = "toggleshim") -> int:
     from toggleshim._migrate._run import _run  # LibCST's import, once it is known to be there
 
     try:
-        code = _run(files, args.mode, frozenset(args.assume))
+        code = _run(files, args.mode, frozenset(args.assume), args.verbose)
         sys.stdout.flush()
         sys.stderr.flush()
     except BrokenPipeError:

@@ -133,15 +133,17 @@ def _analyse(parsed: _Parsed, program: _Program, assume: frozenset[str]) -> _Fil
     raise AssertionError("unreachable")  # for mypy: _skipping re-raises every exception
 
 
-# What a `with R.toggle_optimizer(X)` block relies on and the run cannot see (docs/migrate.md)
-_ASSUMED = (
+# What a `with R.toggle_optimizer(X)` block relies on and the run cannot see (docs/migrate.md,
+# "Overrides"): said once a run, in one short line, or in full with --verbose
+_ASSUMED = "toggleshim migrate: assumed: no toggle_optimizer outside these files returns None (--verbose: more)\n"
+_ASSUMED_IN_FULL = (
     "toggleshim migrate: assumed: no class outside these files{bases} overrides toggle_optimizer without "
     "returning super().toggle_optimizer(...)'s result (a subclass defined elsewhere{skipped}); where one does, "
     'rewrite its blocks as `with toggleshim.toggle(self, opt):` (docs/migrate.md, "Overrides")\n'
 )
 
 
-def _run(files: list[str], mode: str, assume: frozenset[str] = frozenset()) -> int:
+def _run(files: list[str], mode: str, assume: frozenset[str] = frozenset(), verbose: bool = False) -> int:
     """Process every file (one that cannot be processed is reported, the others go on); exit code.
     Two passes: every file's classes are indexed first (an override may be in any file of the run),
     then each file is rewritten."""
@@ -210,12 +212,14 @@ def _run(files: list[str], mode: str, assume: frozenset[str] = frozenset()) -> i
                 f"in {checked} file{'s' * (checked != 1)} checked" + (f"; {unread}" if unread else "") + "\n"
             )
         return 1 if findings or failed else 0
-    if plain:
+    if plain and not verbose:
+        sys.stderr.write(_ASSUMED)
+    elif plain:
         named = sorted(outside)
         listed = ", ".join(named[:3]) + (", ..." if len(named) > 3 else "")
         bases = f" (nor the bases from outside: {listed})" if named else ""
         skipped = ", or in a file that could not be processed" if failed else ""
-        sys.stderr.write(_ASSUMED.format(bases=bases, skipped=skipped))
+        sys.stderr.write(_ASSUMED_IN_FULL.format(bases=bases, skipped=skipped))
     verb = "rewrote" if mode == "write" else "would rewrite"
     sys.stderr.write(
         f"toggleshim migrate: {verb} {changed} of {total} ({migrated} span{'s' * (migrated != 1)})"
