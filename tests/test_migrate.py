@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pty
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -772,6 +773,31 @@ def test_migrate_import_order_passes_ruff(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--select", "I", "pkg"], cwd=project,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_migrate_import_placement_does_not_depend_on_the_working_directory(tmp_path: Path) -> None:
+    """Without a project marker, first-party is decided by the tree (the directory holding the file's
+    top-level package), not the current directory (issue 38): the same tree, migrated from inside it
+    and from elsewhere, gives byte-identical output. ``models`` is a module of the tree, so
+    ``import toggleshim`` goes between ``numpy`` and it (were ``models`` third-party: after it)."""
+    tree, elsewhere = tmp_path / "tree", tmp_path / "elsewhere"
+    tree.mkdir(), elsewhere.mkdir()
+    assert not [p for p in (tree, *tree.parents) for m in ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+                if (p / m).exists()], "a project marker above the tree: it would be the root"
+    (tree / "train.py").write_text("import numpy\n\nimport models\n\n\n" + SPAN)
+    (tree / "models.py").write_text("")
+    outs = [run("--diff", str(tree), cwd=cwd) for cwd in (tree, elsewhere, Path(os.sep))]
+    assert all(r.returncode == 0 for r in outs) and outs[0].stdout
+    assert outs[0].stdout == outs[1].stdout == outs[2].stdout
+    assert f"--- {tree}/train.py\n" in outs[0].stdout
+    expected = "import numpy\n\n" + IMPORT + "\nimport models\n"
+    assert migrate_source((tree / "train.py").read_bytes(), str(tree / "train.py")).new.decode().startswith(expected)
+    for cwd in (tree, elsewhere):
+        copy = tmp_path / f"copy-{cwd.name}"
+        shutil.copytree(tree, copy)
+        assert run("--write", str(copy), cwd=cwd).returncode == 0
+    assert (tmp_path / "copy-tree" / "train.py").read_bytes() == (tmp_path / "copy-elsewhere" / "train.py").read_bytes()
+    assert (tmp_path / "copy-tree" / "train.py").read_text().startswith(expected)
 
 
 def test_migrate_import_not_added_when_the_file_imports_toggleshim() -> None:

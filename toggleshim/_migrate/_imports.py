@@ -25,8 +25,13 @@ _PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 def _first_party(path: str) -> Callable[[str], bool]:
     """Whether a top-level module name is first-party for the file at ``path``, as ruff's defaults
     decide it: the file's own top-level package, or a package or module found in the project root
-    (the nearest directory above the file holding pyproject.toml, setup.py, setup.cfg or .git; else
-    the current directory) or in its ``src``."""
+    or in its ``src``. The project root is the nearest directory above the file holding
+    pyproject.toml, setup.py, setup.cfg or .git; without one, the directory that holds the file's
+    top-level package (the file's own directory, when it is in no package). The tree decides, never
+    the current directory (ruff's fallback): the same tree is rewritten the same from anywhere. A
+    source with no file (``<string>``) has no first-party module."""
+    if path == "<string>":
+        return lambda name: False
     here = os.path.dirname(os.path.abspath(path))
     package = None
     folder = here
@@ -36,7 +41,7 @@ def _first_party(path: str) -> Callable[[str], bool]:
     while not any(os.path.exists(os.path.join(root, m)) for m in _PROJECT_MARKERS):
         parent = os.path.dirname(root)
         if parent == root:
-            root = os.getcwd()
+            root = folder
             break
         root = parent
 
