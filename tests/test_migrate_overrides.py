@@ -11,6 +11,7 @@ subprocess, and compared bitwise.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ from _migrate_world import assert_same_world
 
 import toggleshim
 from toggleshim import _migrate
+from toggleshim._flavours import by_name
 
 BASE = '''\
 """A two-optimizer module with statement toggles."""
@@ -276,6 +278,45 @@ def test_migrate_receiver_of_unknown_class_with_an_override_in_the_run(
     })
     _, out, _ = _diff(pkg, monkeypatch, capsys)
     assert "with toggleshim.toggle(model, opt, zero_grad=False, step=False):" in _with_lines(out)
+
+
+# Lightning's own files that define LightningModule and re-export it (in the flavour's package)
+LIGHTNING_SOURCE = ("__init__.py", "core/__init__.py", "core/module.py")
+
+
+def test_migrate_lightnings_own_module_in_the_run_never_forces_toggleshim_toggle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flavour: str
+) -> None:
+    """A run over a tree holding Lightning's own source (a vendored copy: the installed Lightning's
+    files, byte for byte), whose ``LightningModule.toggle_optimizer`` returns None: user code keeps
+    the plain blocks, through every way the class is reached: a base imported from the package, and a
+    receiver of unknown class (any class of the run), issue 38."""
+    dist = importlib.metadata.distribution(by_name(flavour).distribution)
+    package = flavour.replace(".", "/")
+    for name in LIGHTNING_SOURCE:
+        target = tmp_path / "vendor" / package / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(str(dist.locate_file(f"{package}/{name}")), target)
+    module = (tmp_path / "vendor" / package / "core" / "module.py").read_text()
+    assert "def toggle_optimizer(self" in module and "class LightningModule(" in module
+    _tree(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/models.py": BASE.replace("import lightning.pytorch as pl", f"import {flavour} as pl"),
+        "pkg/plain.py": BASE.replace("import lightning.pytorch as pl", f"from {flavour} import LightningModule")
+        .replace("(pl.LightningModule)", "(LightningModule)").replace("class Base", "class Plain"),
+        "pkg/loop.py": """\
+            def train(model, opt, loss):
+                model.toggle_optimizer(opt)
+                model.manual_backward(loss)
+                model.untoggle_optimizer(opt)
+            """,
+    })
+    monkeypatch.chdir(tmp_path)
+    assert _migrate.main(["pkg", "vendor"]) == 0
+    out = capsys.readouterr().out
+    assert "toggleshim.toggle(" not in out
+    # loop.py, models.py, plain.py
+    assert _with_lines(out) == ["with model.toggle_optimizer(opt, zero_grad=False, step=False):", *PLAIN, *PLAIN]
 
 
 def test_migrate_assumption_names_bases_from_outside_the_run(

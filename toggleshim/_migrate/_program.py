@@ -27,6 +27,12 @@ _LIGHTNING_BASES = frozenset(
     for package in (p for f in FLAVOURS for p in (*f.reexports, f.name))
     for sub in ("", ".core", ".core.module", ".core.lightning")
 )
+# Where Lightning defines LightningModule (Lightning 1.x: core/lightning.py). A class of the run by that
+# name in such a file is Lightning's own (a vendored copy, Lightning's source in the run): the class
+# the patch is for, whose toggle_optimizer every block can use; its own returns None (issue 38).
+_LIGHTNING_MODULES = frozenset(
+    tuple(f"{flavour.name}{sub}".split(".")) for flavour in FLAVOURS for sub in (".core.module", ".core.lightning")
+)
 _BUILTIN_BASES = frozenset({"object", "Generic", "Protocol", "ABC"})
 _IDENTITY_DECORATORS = frozenset({"override", "typing.override", "typing_extensions.override"})
 
@@ -136,11 +142,16 @@ class _Program:
 
     def add(self, path: str, module: cst.Module, positions: Any) -> None:
         """Index one parsed file (``positions``: LibCST's PositionProvider for it)."""
+        parts = _module_parts(path)
         classes: list[_Class] = []
         imports = _Imports()
         for n in _nodes(module):
             if isinstance(n, cst.ClassDef):
                 info = _describe_class(path, n, int(positions[n].start.line))
+                if info.name == "LightningModule" and any(
+                    tuple(parts[-len(where) :]) == where for where in _LIGHTNING_MODULES
+                ):
+                    info.toggle, info.forwards = None, False  # Lightning's own: see _LIGHTNING_MODULES
                 classes.append(info)
                 self.by_node[id(n)] = info
             elif isinstance(n, cst.Import):
@@ -165,7 +176,7 @@ class _Program:
         for c in classes:
             self.names.setdefault(c.name, set()).add(c)
         self.files[path] = (classes, imports)
-        self.parts[path] = parts = _module_parts(path)
+        self.parts[path] = parts
         self.tails.setdefault(parts[-1], []).append(path)
         self._linked = False
 
@@ -217,6 +228,8 @@ class _Program:
         self, path: str, level: int, dotted: str, attr: str, seen: set[tuple[str, str]]
     ) -> tuple[set[_Class], set[str]]:
         files = self._module_files(path, level, dotted)
+        if not level and f"{dotted}.{attr}" in _LIGHTNING_BASES:
+            files = []  # Lightning's LightningModule, also where Lightning's source is in the run
         if not files:
             where = "." * level + dotted
             return set(), {f"{where}.{attr}" if dotted else f"{where}{attr}"}
