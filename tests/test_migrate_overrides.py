@@ -509,6 +509,114 @@ def test_migrated_base_trains_identically_with_a_toggle_override_returning_none(
     assert proc.returncode != 0 and "does not support the context manager protocol" in proc.stderr
 
 
+# -- --check: an override dropping the toggle a block uses (issue 37, point 4) --------------------
+
+# BASE written with blocks, by hand (toggleshim's code, as migrate writes it)
+BLOCKS = _migrate.migrate_source(BASE.encode()).new.decode()
+# NONE_TOGGLE fixed as the finding says: the toggle super() made, kept and returned last (the flags of
+# the blocks forwarded)
+KEPT_TOGGLE = NONE_TOGGLE.replace(
+    "    def toggle_optimizer(self, optimizer):\n        super().toggle_optimizer(optimizer)\n",
+    "    def toggle_optimizer(self, optimizer, **kwargs):\n"
+    "        toggle = super().toggle_optimizer(optimizer, **kwargs)\n",
+) + "        return toggle\n"
+
+
+def _check(root: Path) -> subprocess.CompletedProcess[str]:
+    """``toggleshim migrate --check pkg`` in ``root``, as CI runs it (a fresh process)."""
+    return subprocess.run([sys.executable, "-m", "toggleshim", "migrate", "--check", "pkg"], cwd=root,
+                          capture_output=True, text=True, env=_env(), timeout=300)
+
+
+def _dropped(path: str, line: int, name: str, block: str) -> str:
+    return (
+        f"{path}:{line}: `{name}.toggle_optimizer` calls `super().toggle_optimizer(...)` and drops its result: "
+        f"`with self.toggle_optimizer(...)` at {block} gets None ('NoneType' object does not support the context "
+        "manager protocol); return it (`return super().toggle_optimizer(optimizer, **kwargs)`, or keep it and "
+        "return it last), or write the block as `with toggleshim.toggle(self, opt):`"
+    )
+
+
+def test_check_flags_a_subclass_in_another_file_dropping_the_toggle_and_the_fix_trains(tmp_path: Path) -> None:
+    """A block ``with self.toggle_optimizer(g_opt):`` in Base, and in a sibling file a subclass whose
+    override calls ``super()`` and returns nothing: ``--check`` names the override's line, the block,
+    and the fix, exit 1; trained, that code fails with Python's NoneType error; fixed as the line says,
+    ``--check`` passes and the module trains bitwise as the statement-style original."""
+    assert "with self.toggle_optimizer(g_opt):" in BLOCKS
+    block = 1 + BLOCKS.splitlines().index("        with self.toggle_optimizer(g_opt):")
+    root = _tree(tmp_path / "flagged", {"pkg/__init__.py": "", "pkg/models.py": BLOCKS, "pkg/sub.py": NONE_TOGGLE,
+                                        "train.py": TRAIN})
+    proc = _check(root)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.splitlines() == [_dropped("pkg/sub.py", 7, "Sub", f"pkg/models.py:{block}")]
+    assert proc.stderr.endswith("0 statement toggles not exception-safe in 3 files checked; 1 override of "
+                                "toggle_optimizer dropping a block's toggle\n"), proc.stderr
+    failed = subprocess.run([sys.executable, "train.py", "pkg.sub", str(tmp_path / "x.pt")], cwd=root,
+                            capture_output=True, text=True, env=_env(), timeout=300)
+    assert failed.returncode != 0 and "does not support the context manager protocol" in failed.stderr
+    (root / "pkg" / "sub.py").write_text(KEPT_TOGGLE)
+    proc = _check(root)
+    assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr
+    original = _tree(tmp_path / "original", {"pkg/__init__.py": "", "pkg/models.py": BASE, "pkg/sub.py": NONE_TOGGLE,
+                                             "train.py": TRAIN})
+    assert_same_world(_train(original, "pkg.sub"), _train(root, "pkg.sub"))
+
+
+@pytest.mark.parametrize("case", ["own override", "bare return", "return None", "mixin of a subclass"])
+def test_check_flags_an_override_dropping_the_toggle(
+    pkg: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    """Every class whose toggle_optimizer the block may call: its own, a base, a subclass's mixin; a
+    bare ``return`` and ``return None`` return nothing either."""
+    models = pkg / "pkg" / "models.py"
+    if case == "own override":
+        models.write_text(BLOCKS + OWN_TOGGLE)
+        where = ("pkg/models.py", 1 + (BLOCKS + OWN_TOGGLE).splitlines().index(OWN_TOGGLE.splitlines()[-1]), "Base")
+    elif case == "mixin of a subclass":
+        models.write_text(BLOCKS)
+        _tree(pkg, {"pkg/mixin.py": """\
+            class Counting:
+                def toggle_optimizer(self, optimizer):
+                    super().toggle_optimizer(optimizer)
+                    self.count = getattr(self, "count", 0) + 1
+            """, "pkg/sub.py": "from .mixin import Counting\nfrom .models import Base\n\n\nclass Sub(Counting, Base):\n"
+                                "    pass\n"})
+        where = ("pkg/mixin.py", 3, "Counting")
+    else:
+        models.write_text(BLOCKS)
+        tail = "        return\n" if case == "bare return" else "        return None\n"
+        _tree(pkg, {"pkg/sub.py": NONE_TOGGLE + tail})
+        where = ("pkg/sub.py", 7, "Sub")
+    block = 1 + models.read_text().splitlines().index("        with self.toggle_optimizer(g_opt):")
+    code, out, _ = _diff(pkg, monkeypatch, capsys, "--check")
+    assert code == 1 and out.splitlines() == [_dropped(*where, f"pkg/models.py:{block}")]
+
+
+@pytest.mark.parametrize("case", ["returned", "kept and returned", "through toggleshim.toggle", "unrelated class",
+                                  "no block"])
+def test_check_passes_what_gets_its_toggle(
+    pkg: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    """No finding where the block gets the toggle: the override returns it (at once, or kept); the
+    block is ``toggleshim.toggle(self, ...)`` (it takes the toggle an override's super() made); the
+    dropping override is in a class the block's ``self`` cannot be; or no block uses it (statements)."""
+    models = pkg / "pkg" / "models.py"
+    models.write_text(BASE if case == "no block" else BLOCKS)
+    sub = {
+        "returned": NONE_TOGGLE.replace("        super().toggle_optimizer(optimizer)\n", "").replace(
+            "        self.d.bias", "        self.d.bias.requires_grad_(False)\n        return super().toggle_optimizer("
+            "optimizer)\n        self.d.bias"),
+        "kept and returned": KEPT_TOGGLE,
+        "unrelated class": NONE_TOGGLE.replace("from .models import Base", "class Base:\n    pass"),
+    }.get(case, NONE_TOGGLE)
+    if case == "through toggleshim.toggle":
+        models.write_text(BLOCKS.replace("with self.toggle_optimizer(", "with toggleshim.toggle(self, "))
+    _tree(pkg, {"pkg/sub.py": sub})
+    code, out, err = _diff(pkg, monkeypatch, capsys, "--check")
+    assert "drops its result" not in out and "dropping" not in err, out
+    assert code == (1 if case == "no block" else 0), out  # BASE's statement toggles are findings of their own
+
+
 def test_migrate_typing_override_decorator_keeps_the_receiver_class(
     pkg: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -4,6 +4,7 @@ of them override ``toggle_optimizer`` in a way a ``with`` can use."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,7 @@ class _Class:
     # is its last line and its only return: it returns the toggle, so a ``with`` can use it), "other"
     toggle: str | None = None
     forwards: bool = False  # "returns" and it forwards ``**kwargs``: the block's flags reach super()
+    drops: int | None = None  # the line of a ``super().toggle_optimizer(...)`` whose toggle it never returns
     parents: list[_Class] = field(default_factory=list)
     outside: set[str] = field(default_factory=set)  # bases from outside the run, dotted
 
@@ -109,12 +111,37 @@ def _toggle_kind(node: cst.FunctionDef) -> tuple[str, bool]:
     return "returns", len(args) == 2
 
 
-def _describe_class(path: str, node: cst.ClassDef, line: int) -> _Class:
-    info = _Class(path, node.name.value, line, node)
+def _own_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """The nodes of a function's own code: nested ``def``, ``lambda`` and ``class`` bodies left out."""
+    for child in node.children:
+        if not isinstance(child, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            yield child
+            yield from _own_nodes(child)
+
+
+def _dropped_toggle(node: cst.FunctionDef) -> cst.CSTNode | None:
+    """The statement ``super().toggle_optimizer(...)`` of an override that drops its result: the call
+    is a statement of its own and the override returns no value (no ``return`` but a bare one or
+    ``return None``, no ``yield``). ``with self.toggle_optimizer(...)`` then gets None."""
+    dropped = None
+    for n in _own_nodes(node):
+        if isinstance(n, cst.Return) and not (n.value is None or _code(n.value).strip() == "None"):
+            return None
+        if isinstance(n, (cst.Yield, cst.Await)):
+            return None
+        if dropped is None and isinstance(n, cst.Expr) and _super_toggle(n.value) is not None:
+            dropped = n
+    return dropped
+
+
+def _describe_class(path: str, node: cst.ClassDef, positions: Any) -> _Class:
+    info = _Class(path, node.name.value, int(positions[node].start.line), node)
     for stmt in node.body.body:
         if isinstance(stmt, cst.FunctionDef):
             if stmt.name.value == _TOGGLE:
                 info.toggle, info.forwards = _toggle_kind(stmt)
+                dropped = _dropped_toggle(stmt)
+                info.drops = None if dropped is None else int(positions[dropped].start.line)
         elif any(isinstance(t, cst.Name) and t.value == _TOGGLE for t in _targets(stmt)):
             # `toggle_optimizer = something` in the class body: whatever it is, it may return None
             info.toggle, info.forwards = "other", False
@@ -147,7 +174,7 @@ class _Program:
         imports = _Imports()
         for n in _nodes(module):
             if isinstance(n, cst.ClassDef):
-                info = _describe_class(path, n, int(positions[n].start.line))
+                info = _describe_class(path, n, positions)
                 if info.name == "LightningModule" and any(
                     tuple(parts[-len(where) :]) == where for where in _LIGHTNING_MODULES
                 ):
@@ -302,3 +329,8 @@ class _Program:
                 result.add(c)
                 todo += c.parents
         return result, set().union(*(c.outside for c in result))
+
+    def dropping(self, cls: _Class) -> list[_Class]:
+        """The classes whose ``toggle_optimizer`` a ``with self.toggle_optimizer(...)`` in a method of
+        ``cls`` may call that drop the toggle their ``super()`` made (the ``with`` then gets None)."""
+        return sorted((c for c in self.relevant(cls)[0] if c.drops is not None), key=lambda c: (c.path, c.line))

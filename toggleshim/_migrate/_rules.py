@@ -187,6 +187,7 @@ class _Migrator:
         self.plain = 0  # blocks written `with R.toggle_optimizer(X)` (they rely on the assumption)
         self.through = 0  # blocks written `with toggleshim.toggle(R, X)` (they need `import toggleshim`)
         self.outside: set[str] = set()  # bases from outside the run the plain blocks' classes have
+        self.blocks: list[tuple[int, _Class]] = []  # `with self.toggle_optimizer(...)` found: (line, class)
         self.scopes: list[cst.FunctionDef | cst.ClassDef] = []  # the defs and classes around the walk
         self.shadowed = _shadows_toggleshim(module)
         # `global x` / `nonlocal x` anywhere in the file: a function declaring it may rebind `x` when
@@ -222,6 +223,9 @@ class _Migrator:
                 found = _method_call(item.item)
                 if found is not None and _toggling(found):
                     outer = f"inside the toggle block at line {self.line(node)}"
+                    cls = self.receiver_class(found[0]) if found[1] == _TOGGLE else None
+                    if cls is not None:  # `with self.toggle_optimizer(...)` in a method of cls
+                        self.blocks.append((self.line(node), cls))
         if isinstance(node, cst.SimpleStatementSuite | cst.SimpleStatementLine):
             self.note_statements(node, outer)
         return self.rebuild(node, lambda child: self.walk(child, outer))

@@ -28,6 +28,9 @@ class _FileResult:
     other: list[tuple[int, str]] = field(default_factory=list)  # uses of toggle_optimizer's result
     plain: int = 0  # blocks written `with R.toggle_optimizer(X)`: they rely on the assumption (docs)
     outside: set[str] = field(default_factory=set)  # bases from outside the run of their classes
+    # overrides of toggle_optimizer that drop the toggle a `with self.toggle_optimizer(...)` of this
+    # file uses: ((the override's file, the line of its super() call, its class), the block's line)
+    dropped: list[tuple[tuple[str, int, str], int]] = field(default_factory=list)
 
 
 @dataclass
@@ -57,6 +60,8 @@ def _migrate_parsed(parsed: _Parsed, program: _Program, assume: frozenset[str] =
     data = new.bytes if new is not parsed.module else parsed.source
     result = _FileResult(parsed.path, parsed.source, data, spans, sorted(migrator.other))
     result.plain, result.outside = migrator.plain, migrator.outside
+    result.dropped = [((c.path, c.drops, c.name), line) for line, cls in migrator.blocks for c in program.dropping(cls)
+                      if c.drops is not None]
     return result
 
 
@@ -143,12 +148,22 @@ _ASSUMED_IN_FULL = (
 )
 
 
+# An override of toggle_optimizer that calls super() and drops its result, with a block on it (--check)
+_DROPPED = (
+    "{where}:{line}: `{name}.toggle_optimizer` calls `super().toggle_optimizer(...)` and drops its result: "
+    "`with self.toggle_optimizer(...)` at {block} gets None ('NoneType' object does not support the context "
+    "manager protocol); return it (`return super().toggle_optimizer(optimizer, **kwargs)`, or keep it and "
+    "return it last), or write the block as `with toggleshim.toggle(self, opt):`\n"
+)
+
+
 def _run(files: list[str], mode: str, assume: frozenset[str] = frozenset(), verbose: bool = False) -> int:
     """Process every file (one that cannot be processed is reported, the others go on); exit code.
     Two passes: every file's classes are indexed first (an override may be in any file of the run),
     then each file is rewritten."""
     failed = findings = changed = migrated = checked = plain = 0
     outside: set[str] = set()
+    dropping: dict[tuple[str, int, str], tuple[str, int]] = {}  # override (path, line, class) -> a block on it
     program = _Program()
     loaded: list[_Parsed | _Skipped] = []
     for path in files:
@@ -176,6 +191,8 @@ def _run(files: list[str], mode: str, assume: frozenset[str] = frozenset(), verb
                     f"{path}:{span.line}: `{span.text}` as a statement: an exception before its untoggle "
                     f"leaves the optimizers toggled; {fix}\n"
                 )
+            for override, line in result.dropped:
+                dropping.setdefault(override, (path, line))
             sys.stdout.flush()  # a closed pipe shows here, not at exit
             continue
         for span in result.spans:
@@ -204,14 +221,18 @@ def _run(files: list[str], mode: str, assume: frozenset[str] = frozenset(), verb
     total = f"{len(files)} file{'s' * (len(files) != 1)}"
     unread = f"{failed} could not be processed (see above)" if failed else ""
     if mode == "check":
+        for (where, line, name), (block_path, block_line) in sorted(dropping.items()):
+            sys.stdout.write(_DROPPED.format(where=where, line=line, name=name, block=f"{block_path}:{block_line}"))
         if checked == 0:
             sys.stderr.write(f"toggleshim migrate --check: nothing checked: {failed} of {total} could not be read\n")
         else:
+            n = len(dropping)
+            drops = f"; {n} override{'s' * (n != 1)} of toggle_optimizer dropping a block's toggle" if n else ""
             sys.stderr.write(
                 f"toggleshim migrate --check: {findings} statement toggle{'s' * (findings != 1)} not exception-safe "
-                f"in {checked} file{'s' * (checked != 1)} checked" + (f"; {unread}" if unread else "") + "\n"
+                f"in {checked} file{'s' * (checked != 1)} checked{drops}" + (f"; {unread}" if unread else "") + "\n"
             )
-        return 1 if findings or failed else 0
+        return 1 if findings or dropping or failed else 0
     if plain and not verbose:
         sys.stderr.write(_ASSUMED)
     elif plain:
