@@ -763,6 +763,23 @@ def test_migrate_import_goes_in_the_third_party_section(tmp_path: Path, case: st
     assert new.startswith(after + "\n\n"), new
 
 
+# a file with no imports: what stands above the def -> what stands above it migrated
+NO_IMPORTS = {
+    "": IMPORT + "\n\n",
+    '"""Doc."""\n\n\n': '"""Doc."""\n\n' + IMPORT + "\n\n",  # four blank lines before the def, until issue 38
+    '"""Doc."""\n': '"""Doc."""\n\n' + IMPORT + "\n\n",
+    "# a comment\n\n\n": "# a comment\n\n\n" + IMPORT + "\n\n",
+}
+
+
+@pytest.mark.parametrize("top", list(NO_IMPORTS))
+def test_migrate_import_into_a_file_without_imports_leaves_two_blank_lines_before_a_def(top: str) -> None:
+    """No imports: ``import toggleshim`` goes at the top (after the docstring), and the ``def`` has two
+    blank lines before it, as it had: not two more."""
+    new, _ = migrate(top + SPAN)
+    assert new.startswith(NO_IMPORTS[top] + "def training_step"), new
+
+
 def test_migrate_import_order_passes_ruff(tmp_path: Path) -> None:
     """What ruff's own import sorting (I001, default settings) says of the migrated files."""
     project = _project(tmp_path)

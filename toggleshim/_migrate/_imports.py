@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import libcst as cst
@@ -104,6 +104,11 @@ def _imports_toggleshim(module: cst.Module, bound: bool = False) -> bool:
     return False
 
 
+def _blanks(lines: Sequence[cst.EmptyLine]) -> int:
+    """The blank lines before the first comment."""
+    return len(list(itertools.takewhile(lambda line: line.comment is None, lines)))
+
+
 def _blank_first(stmt: Any, blank: bool) -> Any:
     """``stmt`` with at least one blank line before it (``blank``; kept as they are when it has
     some) or without the blank lines it has before its first comment."""
@@ -136,10 +141,11 @@ def _add_import(module: cst.Module, path: str = "<string>", used: bool = False) 
     comment = [] if used else [cst.EmptyLine(comment=cst.Comment(_IMPORT_COMMENT))]
     if end == start:  # no imports: at the top (after the docstring), blank lines around
         new = new.with_changes(leading_lines=([cst.EmptyLine()] if start else []) + comment)
-        if start < len(body):
+        if start < len(body):  # as many blank lines after it as the code needs (PEP 8: two before a def)
             after = body[start]
-            blank = 2 if isinstance(after, (cst.FunctionDef, cst.ClassDef)) else 1
-            body[start] = after.with_changes(leading_lines=[*[cst.EmptyLine()] * blank, *after.leading_lines])
+            blank = max(_blanks(after.leading_lines), 2 if isinstance(after, (cst.FunctionDef, cst.ClassDef)) else 1)
+            lines = list(after.leading_lines)[_blanks(after.leading_lines) :]
+            body[start] = after.with_changes(leading_lines=[*[cst.EmptyLine()] * blank, *lines])
         body.insert(start, new)
         return module.with_changes(body=body)
     mine = (_THIRD_PARTY, 0, "toggleshim")
