@@ -45,11 +45,12 @@ if TYPE_CHECKING:
     from toggleshim._migrate._run import _FileResult as _FileResult
     from toggleshim._migrate._run import _Parsed as _Parsed
     from toggleshim._migrate._run import migrate_source as migrate_source
+    from toggleshim._migrate._run import to_lightning_source as to_lightning_source
 
 __all__ = ["main"]
 
 # name -> the module of the package that defines it; each needs LibCST
-_WITH_LIBCST = {"migrate_source": "_run", "_FileResult": "_run", "_Parsed": "_run"}
+_WITH_LIBCST = {"migrate_source": "_run", "to_lightning_source": "_run", "_FileResult": "_run", "_Parsed": "_run"}
 
 
 def __getattr__(name: str) -> Any:

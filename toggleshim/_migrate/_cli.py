@@ -52,6 +52,12 @@ def _parser(prog: str = "toggleshim") -> argparse.ArgumentParser:
         + "; ".join(f"{name}: {text}" for name, text in ASSUMPTIONS.items()),
     )
     parser.add_argument(
+        "--to-lightning",
+        action="store_true",
+        help="the way back: rewrite toggleshim's blocks into Lightning's own statements (toggle, then the body "
+        "in try/finally: untoggle), where exactly equivalent; drop `import toggleshim` once nothing needs it",
+    )
+    parser.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -68,8 +74,11 @@ EXIT_CLOSED_PIPE = 141
 
 def main(argv: list[str], prog: str = "toggleshim") -> int:
     """``toggleshim migrate``; returns the exit code. ``prog``: how the program was called (usage lines)."""
+    parser = _parser(prog)
     try:
-        args = _parser(prog).parse_args(argv)
+        args = parser.parse_args(argv)
+        if args.to_lightning and args.assume:
+            parser.error("--assume is for statement toggles into blocks; --to-lightning takes no assumption")
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else 2
     if not _has_libcst():
@@ -80,10 +89,14 @@ def main(argv: list[str], prog: str = "toggleshim") -> int:
     except _UsageError as exc:
         sys.stderr.write(f"toggleshim migrate: {exc}\nnothing was changed\n")
         return 2
-    from toggleshim._migrate._run import _run  # LibCST's import, once it is known to be there
+    # LibCST's import, once it is known to be there
+    from toggleshim._migrate._command import _migrate_files, _unmigrate_files
 
     try:
-        code = _run(files, args.mode, frozenset(args.assume), args.verbose)
+        if args.to_lightning:
+            code = _unmigrate_files(files, args.mode, args.verbose)
+        else:
+            code = _migrate_files(files, args.mode, frozenset(args.assume), args.verbose)
         sys.stdout.flush()
         sys.stderr.flush()
     except BrokenPipeError:

@@ -11,7 +11,7 @@ from typing import Any
 
 import libcst as cst
 
-from toggleshim._migrate._syntax import _code, _only_expr
+from toggleshim._migrate._syntax import _code, _only_expr, _targets
 
 _IMPORT_COMMENT = "# toggleshim makes self.toggle_optimizer(...) usable as a with-block"
 _IMPORT_LINE = "import toggleshim  # noqa: F401"
@@ -172,3 +172,134 @@ def _add_import(module: cst.Module, path: str = "<string>", used: bool = False) 
             body[pos] = _blank_first(body[pos], blank=True)  # the next section, after a blank line
     body.insert(pos, new)
     return module.with_changes(body=body)
+
+
+# -- the way back: imports of toggleshim that nothing uses any more --------------------------------
+
+
+def _import_statement(node: cst.CSTNode) -> bool:
+    return isinstance(node, (cst.Import, cst.ImportFrom))
+
+
+def _of_toggleshim(node: cst.Import | cst.ImportFrom) -> bool:
+    """An import of toggleshim or of a module of it (``from . import x`` is not)."""
+    if isinstance(node, cst.Import):
+        return any(_code(a.name).strip().split(".")[0] == "toggleshim" for a in node.names)
+    return not node.relative and node.module is not None and _code(node.module).strip().split(".")[0] == "toggleshim"
+
+
+def _from_toggleshim(module: cst.Module) -> dict[str, str]:
+    """The names the file's top-level ``from toggleshim import a [as b]`` lines bind (``b`` -> ``a``),
+    among those the file binds nowhere else."""
+    names: dict[str, str] = {}
+    bound: set[int] = set()
+    for stmt in module.body:
+        for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
+            if (
+                isinstance(small, cst.ImportFrom)
+                and not small.relative
+                and small.module is not None
+                and _code(small.module).strip() == "toggleshim"
+                and not isinstance(small.names, cst.ImportStar)
+            ):
+                for alias in small.names:
+                    name = alias.asname.name if alias.asname is not None else alias.name
+                    if isinstance(name, cst.Name) and isinstance(alias.name, cst.Name):
+                        names[name.value] = alias.name.value
+                        bound.add(id(name))
+    for target in _targets(module):
+        if isinstance(target, cst.Name) and target.value in names and id(target) not in bound:
+            del names[target.value]  # rebound elsewhere: not (only) toggleshim's
+    return names
+
+
+def _names_used(module: cst.Module) -> set[str]:
+    """Every name the file reads or binds outside its import statements."""
+    used: set[str] = set()
+
+    def visit(node: cst.CSTNode) -> None:
+        if _import_statement(node):
+            return
+        if isinstance(node, cst.Name):
+            used.add(node.value)
+        for child in node.children:
+            visit(child)
+
+    visit(module)
+    return used
+
+
+def _bound_by(alias: cst.ImportAlias, straight: bool) -> str:
+    """The name an alias binds (``import a.b`` binds ``a``)."""
+    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+        return alias.asname.name.value
+    return _code(alias.name).strip().split(".")[0] if straight else _code(alias.name).strip()
+
+
+def _without_toggleshim(stmt: Any, used: set[str]) -> Any:
+    """``stmt`` without its imports of toggleshim that bind a name the file does not use (``used``:
+    the names it does): the same object when there are none, None when nothing is left of the line."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or not any(_import_statement(s) for s in stmt.body):
+        return stmt
+    smalls: list[Any] = []
+    for small in stmt.body:
+        straight = isinstance(small, cst.Import)
+        if isinstance(small, cst.Import):
+            names = list(small.names)
+            ours = [_code(a.name).strip().split(".")[0] == "toggleshim" for a in names]
+        elif isinstance(small, cst.ImportFrom) and _of_toggleshim(small) and isinstance(small.names, Sequence):
+            names = list(small.names)
+            ours = [True] * len(names)
+        else:
+            smalls.append(small)
+            continue
+        keep = [a for a, mine in zip(names, ours) if not mine or _bound_by(a, straight) in used]
+        if keep:
+            last = keep[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            smalls.append(small if len(keep) == len(names) else small.with_changes(names=[*keep[:-1], last]))
+    if len(smalls) == len(stmt.body) and all(a is b for a, b in zip(smalls, stmt.body)):
+        return stmt
+    if not smalls:
+        return None
+    return stmt.with_changes(body=[*smalls[:-1], smalls[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])
+
+
+def _drop_imports(module: cst.Module, path: str, used: set[str]) -> cst.Module:
+    """The file without its top-level imports of toggleshim that bind a name it does not use, and the
+    comment line migrate wrote above them; the blank lines around set as isort sets them (none
+    inside a section, the larger of the two counts between sections or after other code)."""
+    first_party = _first_party(path)
+    out: list[Any] = []
+    carried: list[cst.EmptyLine] | None = None  # the lines above the imports dropped just before
+    for stmt in module.body:
+        new = _without_toggleshim(stmt, used)
+        if new is None:
+            kept = [line for line in stmt.leading_lines if not _ours(line)]
+            carried = kept if carried is None else [*carried, *kept[_blanks(kept) :]]
+            continue
+        if carried is not None:
+            prev = _import_key(out[-1], first_party) if out else None
+            key = _import_key(new, first_party)
+            if not out:
+                n = _blanks(carried)
+            elif prev is not None and key is not None and prev[0] == key[0]:
+                n = 0  # the same section
+            else:
+                n = max(_blanks(carried), _blanks(new.leading_lines))
+            own = list(new.leading_lines)[_blanks(new.leading_lines) :]
+            new = new.with_changes(leading_lines=[*[cst.EmptyLine()] * n, *carried[_blanks(carried) :], *own])
+            carried = None
+        out.append(new)
+    footer = list(module.footer) if carried is None else [*carried[_blanks(carried) :], *module.footer]
+    if len(out) == len(module.body) and all(a is b for a, b in zip(out, module.body)):
+        return module
+    header = list(module.header)
+    if module.body and _without_toggleshim(module.body[0], used) is None and header and _ours(header[-1]):
+        header.pop()  # the first statement's comment lines are the module's header (LibCST)
+    newline = module.has_trailing_newline and bool(out or header or footer)  # nothing left: an empty file
+    return module.with_changes(header=header, body=out, footer=footer, has_trailing_newline=newline)
+
+
+def _ours(line: cst.EmptyLine) -> bool:
+    """The comment line migrate writes above ``import toggleshim``."""
+    return line.comment is not None and line.comment.value == _IMPORT_COMMENT

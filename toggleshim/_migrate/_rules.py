@@ -5,14 +5,13 @@ where they hold, rebuilt as ``with R.toggle_optimizer(X[, zero_grad=False][, ste
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
 
-from toggleshim._migrate._program import _IDENTITY_DECORATORS, _LIGHTNING_BASES, _Class, _Program, _super_toggle
+from toggleshim._migrate._program import _LIGHTNING_BASES, _Class, _Program
 from toggleshim._migrate._syntax import (
     _TOGGLE,
     _TOGGLE_FAMILY,
@@ -26,15 +25,14 @@ from toggleshim._migrate._syntax import (
     _prefixes,
     _rebinds,
     _ref,
-    _root,
     _same,
     _shadows_toggleshim,
     _single_arg,
     _steps,
-    _targets,
     _toggle_line,
     _toggling,
 )
+from toggleshim._migrate._walk import _Walker
 
 
 @dataclass
@@ -171,16 +169,14 @@ def _inert(stmt: cst.CSTNode, protected: set[str], bindings: bool = True) -> boo
     return True
 
 
-class _Migrator:
+class _Migrator(_Walker):
     """Walks one module: finds statement toggles, decides each span, rebuilds the changed lists."""
 
     def __init__(
         self, module: cst.Module, positions: Any, program: _Program, assume: frozenset[str] = frozenset()
     ) -> None:
-        self.module = module
+        super().__init__(module, positions, program)
         self.assume = assume
-        self.positions = positions
-        self.program = program
         self.spans: list[_Span] = []
         self.other: list[tuple[int, str]] = []
         self.migrated = 0
@@ -188,91 +184,18 @@ class _Migrator:
         self.through = 0  # blocks written `with toggleshim.toggle(R, X)` (they need `import toggleshim`)
         self.outside: set[str] = set()  # bases from outside the run the plain blocks' classes have
         self.blocks: list[tuple[int, _Class]] = []  # `with self.toggle_optimizer(...)` found: (line, class)
-        self.scopes: list[cst.FunctionDef | cst.ClassDef] = []  # the defs and classes around the walk
         self.shadowed = _shadows_toggleshim(module)
-        # `global x` / `nonlocal x` anywhere in the file: a function declaring it may rebind `x` when
-        # called from inside a span, where no binding form is visible.
-        self.declared: dict[str, tuple[str, int]] = {}
-        for n in _nodes(self.module):
-            if isinstance(n, (cst.Global, cst.Nonlocal)):
-                kind = "global" if isinstance(n, cst.Global) else "nonlocal"
-                for item in n.names:
-                    self.declared.setdefault(item.name.value, (kind, self.line(n)))
 
-    def line(self, node: cst.CSTNode) -> int:
-        return int(self.positions[node].start.line)
-
-    def run(self) -> cst.Module:
-        new = self.walk(self.module, None)
-        assert isinstance(new, cst.Module)
-        return new
-
-    # A generic rebuild: children first, a node is replaced only when a child changed (so every
-    # untouched subtree is the very same object and prints byte for byte).
-    def walk(self, node: cst.CSTNode, outer: str | None) -> cst.CSTNode:
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
-            self.scopes.append(node)
-            try:
-                return self.rebuild(node, lambda child: self.walk(child, outer))
-            finally:
-                self.scopes.pop()
-        if isinstance(node, (cst.Module, cst.IndentedBlock)):
-            return self.statement_list(node, outer)
+    def visit(self, node: cst.CSTNode, outer: str | None) -> str | None:
         if isinstance(node, cst.With):
             for item in node.items:
                 found = _method_call(item.item)
-                if found is not None and _toggling(found):
-                    outer = f"inside the toggle block at line {self.line(node)}"
-                    cls = self.receiver_class(found[0]) if found[1] == _TOGGLE else None
-                    if cls is not None:  # `with self.toggle_optimizer(...)` in a method of cls
-                        self.blocks.append((self.line(node), cls))
+                cls = self.receiver_class(found[0]) if found is not None and found[1] == _TOGGLE else None
+                if cls is not None:  # `with self.toggle_optimizer(...)` in a method of cls (--check)
+                    self.blocks.append((self.line(node), cls))
         if isinstance(node, cst.SimpleStatementSuite | cst.SimpleStatementLine):
             self.note_statements(node, outer)
-        return self.rebuild(node, lambda child: self.walk(child, outer))
-
-    def rebuild(self, node: cst.CSTNode, fn: Any) -> cst.CSTNode:
-        changes: dict[str, Any] = {}
-        for f in dataclasses.fields(node):
-            value = getattr(node, f.name)
-            if isinstance(value, cst.CSTNode):
-                new = fn(value)
-                if new is not value:
-                    changes[f.name] = new
-            elif isinstance(value, (list, tuple)) and value and isinstance(value[0], cst.CSTNode):
-                items = [fn(v) for v in value]
-                if any(a is not b for a, b in zip(items, value)):
-                    changes[f.name] = type(value)(items)
-        return node.with_changes(**changes) if changes else node
-
-    def delegates(self, call: cst.CSTNode) -> bool:
-        """``super().toggle_optimizer(...)`` inside an override of ``toggle_optimizer``: the override's
-        own toggle, not a statement toggle of the user's (never reported, never a finding)."""
-        scope = self.scopes[-1] if self.scopes else None
-        return (
-            isinstance(scope, cst.FunctionDef)
-            and scope.name.value == _TOGGLE
-            and isinstance(call, cst.BaseExpression)
-            and _super_toggle(call) is not None
-        )
-
-    def receiver_class(self, recv: cst.BaseExpression) -> _Class | None:
-        """The class whose method the span is in, when the receiver is that method's ``self`` (its
-        first parameter, never rebound in it); None when the receiver may be an object of any class."""
-        if len(self.scopes) < 2 or not isinstance(recv, cst.Name):
-            return None
-        fn, cls = self.scopes[-1], self.scopes[-2]
-        if not isinstance(fn, cst.FunctionDef) or not isinstance(cls, cst.ClassDef):
-            return None
-        # a staticmethod, a classmethod, or a decorator that may call it with another object (only
-        # typing's `@override`, which returns the function itself, is known not to)
-        if any(_ref(d.decorator) not in _IDENTITY_DECORATORS for d in fn.decorators):
-            return None
-        params = [*fn.params.posonly_params, *fn.params.params]
-        if not params or params[0].name.value != recv.value:
-            return None
-        if any(isinstance(t, cst.Name) and t.value == recv.value for t in _targets(fn.body)):
-            return None
-        return self.program.by_node.get(id(cls))
+        return super().visit(node, outer)
 
     def form(self, recv: cst.BaseExpression, flags: bool) -> tuple[bool, set[str]]:
         """(True: ``with R.toggle_optimizer(X)`` is the manual sequence; False: only ``with
@@ -421,15 +344,7 @@ class _Migrator:
         rebound = _rebinds(inside, [opt, recv])
         if rebound is not None:
             return rebound
-        for expr in (opt, recv):
-            first = _root(expr)
-            if first is not None and first in self.declared:
-                kind, line = self.declared[first]
-                return (
-                    f"`{first}` is declared {kind} at line {line}: a function called between the toggle and the "
-                    "untoggle may rebind it"
-                )
-        return None
+        return self.declared_refusal((opt, recv), "between the toggle and the untoggle")
 
     def block(self, body: Sequence[cst.CSTNode], new_body: Sequence[cst.CSTNode], i: int, end: int) -> cst.With:
         """The ``with`` statement for the migrated span ``body[i] .. body[end]``."""

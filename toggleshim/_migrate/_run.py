@@ -1,10 +1,10 @@
-"""A run: every file parsed and its classes indexed (first pass), then each file rewritten and
-reported (second pass); one file that cannot be processed is reported and the others go on."""
+"""The files of a run, one by one: each read and parsed and its classes indexed (the first pass),
+then rewritten, forward or back (the second); whatever stops one file is that file's ``_Skipped``
+(the run goes on: ``_command``)."""
 
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,10 +13,11 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from toggleshim._migrate._assumptions import ASSUMPTIONS
-from toggleshim._migrate._files import _diff, _write_atomically
-from toggleshim._migrate._imports import _add_import
+from toggleshim._migrate._back import _Block, _Unmigrator
+from toggleshim._migrate._imports import _add_import, _drop_imports, _names_used, _of_toggleshim
 from toggleshim._migrate._program import _Program
 from toggleshim._migrate._rules import _Migrator, _Span
+from toggleshim._migrate._syntax import _nodes
 
 
 @dataclass
@@ -138,113 +139,63 @@ def _analyse(parsed: _Parsed, program: _Program, assume: frozenset[str]) -> _Fil
     raise AssertionError("unreachable")  # for mypy: _skipping re-raises every exception
 
 
-# What a `with R.toggle_optimizer(X)` block relies on and the run cannot see (docs/migrate.md,
-# "Overrides"): said once a run, in one short line, or in full with --verbose
-_ASSUMED = "toggleshim migrate: assumed: no toggle_optimizer outside these files returns None (--verbose: more)\n"
-_ASSUMED_IN_FULL = (
-    "toggleshim migrate: assumed: no class outside these files{bases} overrides toggle_optimizer without "
-    "returning super().toggle_optimizer(...)'s result (a subclass defined elsewhere{skipped}); where one does, "
-    'rewrite its blocks as `with toggleshim.toggle(self, opt):` (docs/migrate.md, "Overrides")\n'
-)
+def _analyse_back(parsed: _Parsed, program: _Program) -> _BackResult:
+    with _skipping(parsed.source, parsed.path):
+        return _unmigrate_parsed(parsed, program)
+    raise AssertionError("unreachable")  # for mypy: _skipping re-raises every exception
 
 
-# An override of toggle_optimizer that calls super() and drops its result, with a block on it (--check)
-_DROPPED = (
-    "{where}:{line}: `{name}.toggle_optimizer` calls `super().toggle_optimizer(...)` and drops its result: "
-    "`with self.toggle_optimizer(...)` at {block} gets None ('NoneType' object does not support the context "
-    "manager protocol); return it (`return super().toggle_optimizer(optimizer, **kwargs)`, or keep it and "
-    "return it last), or write the block as `with toggleshim.toggle(self, opt):`\n"
-)
+@dataclass
+class _BackResult:
+    """What the way back made of one file."""
+
+    path: str
+    old: bytes
+    original: cst.Module
+    module: cst.Module  # with its blocks rewritten; its imports of toggleshim dropped by _finish_back
+    blocks: list[_Block]
+    other: list[tuple[int, str]]  # other code that needs toggleshim: (line, what)
+    imports: list[int]  # the lines of its imports of toggleshim
+    plain: bool  # a `with R.toggle_optimizer(X)` block was rewritten: it relies on the assumption (docs)
+    outside: set[str]  # the bases from outside the run of those blocks' classes
+    new: bytes = b""  # set by _finish_back
+    imports_left: int = 0  # the imports of toggleshim left in it (set by _finish_back)
+
+    @property
+    def needs(self) -> bool:
+        """Something in the file still needs toggleshim (a block left as it is, or other code)."""
+        return bool(self.other) or any(b.reason is not None for b in self.blocks)
+
+    @property
+    def rewritten(self) -> int:
+        return sum(1 for b in self.blocks if b.reason is None)
 
 
-def _run(files: list[str], mode: str, assume: frozenset[str] = frozenset(), verbose: bool = False) -> int:
-    """Process every file (one that cannot be processed is reported, the others go on); exit code.
-    Two passes: every file's classes are indexed first (an override may be in any file of the run),
-    then each file is rewritten."""
-    failed = findings = changed = migrated = checked = plain = 0
-    outside: set[str] = set()
-    dropping: dict[tuple[str, int, str], tuple[str, int]] = {}  # override (path, line, class) -> a block on it
+def _unmigrate_parsed(parsed: _Parsed, program: _Program) -> _BackResult:
+    walker = _Unmigrator(parsed.module, parsed.positions, program)
+    module = walker.run()
+    blocks = sorted(walker.blocks, key=lambda b: b.line)
+    return _BackResult(parsed.path, parsed.source, parsed.module, module, blocks, sorted(set(walker.other)),
+                       walker.imports, bool(walker.plain), walker.outside)
+
+
+def _finish_back(results: list[_BackResult], drop: bool) -> None:
+    """Each file's new bytes; ``drop``: without the imports of toggleshim its code no longer uses
+    (only when nothing in the run needs toggleshim: an import anywhere installs the patch for all)."""
+    for result in results:
+        module = result.module
+        if drop:
+            module = _drop_imports(module, result.path, _names_used(module))
+        result.new = result.old if module is result.original else module.bytes
+        result.imports_left = sum(1 for n in _nodes(module) if isinstance(n, (cst.Import, cst.ImportFrom))
+                                  and _of_toggleshim(n))
+
+
+def to_lightning_source(source: bytes, path: str = "<string>") -> _BackResult:
+    """``toggleshim migrate --to-lightning`` on one file's bytes on its own: the run is this file."""
+    parsed = _parse(source, path)
     program = _Program()
-    loaded: list[_Parsed | _Skipped] = []
-    for path in files:
-        try:
-            loaded.append(_load(path, program))
-        except _Skipped as exc:
-            loaded.append(exc)
-    for path, item in zip(files, loaded):
-        try:
-            if isinstance(item, _Skipped):
-                raise item
-            result = _analyse(item, program, assume)
-        except _Skipped as exc:
-            sys.stderr.write(f"{path}{exc.where}: skipped: {exc.why}\n")
-            failed += 1
-            continue
-        if mode == "check":
-            checked += 1
-            for span in result.spans:
-                if span.safe:
-                    continue
-                findings += 1
-                fix = "`toggleshim migrate` rewrites it" if span.reason is None else f"not migrated: {span.reason}"
-                sys.stdout.write(
-                    f"{path}:{span.line}: `{span.text}` as a statement: an exception before its untoggle "
-                    f"leaves the optimizers toggled; {fix}\n"
-                )
-            for override, line in result.dropped:
-                dropping.setdefault(override, (path, line))
-            sys.stdout.flush()  # a closed pipe shows here, not at exit
-            continue
-        for span in result.spans:
-            if span.reason is not None:
-                sys.stderr.write(f"{path}:{span.line}: not migrated: {span.reason}\n")
-        for line, reason in result.other:
-            sys.stderr.write(f"{path}:{line}: not migrated: {reason}\n")
-        n = sum(1 for s in result.spans if s.reason is None)
-        if result.new == result.old:
-            continue
-        if mode == "write":
-            try:
-                _write_atomically(path, result.new)
-            except OSError as exc:
-                sys.stderr.write(f"{path}: skipped: cannot write: {exc.strerror or exc} (left unchanged)\n")
-                failed += 1
-                continue
-            sys.stderr.write(f"{path}: migrated {n} span{'s' * (n != 1)}\n")
-        else:
-            sys.stdout.write(_diff(path, result.old, result.new))
-            sys.stdout.flush()  # a closed pipe shows here, not at exit
-        changed += 1  # only what was written (or shown)
-        migrated += n
-        plain += result.plain
-        outside |= result.outside
-    total = f"{len(files)} file{'s' * (len(files) != 1)}"
-    unread = f"{failed} could not be processed (see above)" if failed else ""
-    if mode == "check":
-        for (where, line, name), (block_path, block_line) in sorted(dropping.items()):
-            sys.stdout.write(_DROPPED.format(where=where, line=line, name=name, block=f"{block_path}:{block_line}"))
-        if checked == 0:
-            sys.stderr.write(f"toggleshim migrate --check: nothing checked: {failed} of {total} could not be read\n")
-        else:
-            n = len(dropping)
-            drops = f"; {n} override{'s' * (n != 1)} of toggle_optimizer dropping a block's toggle" if n else ""
-            sys.stderr.write(
-                f"toggleshim migrate --check: {findings} statement toggle{'s' * (findings != 1)} not exception-safe "
-                f"in {checked} file{'s' * (checked != 1)} checked{drops}" + (f"; {unread}" if unread else "") + "\n"
-            )
-        return 1 if findings or dropping or failed else 0
-    if plain and not verbose:
-        sys.stderr.write(_ASSUMED)
-    elif plain:
-        named = sorted(outside)
-        listed = ", ".join(named[:3]) + (", ..." if len(named) > 3 else "")
-        bases = f" (nor the bases from outside: {listed})" if named else ""
-        skipped = ", or in a file that could not be processed" if failed else ""
-        sys.stderr.write(_ASSUMED_IN_FULL.format(bases=bases, skipped=skipped))
-    verb = "rewrote" if mode == "write" else "would rewrite"
-    sys.stderr.write(
-        f"toggleshim migrate: {verb} {changed} of {total} ({migrated} span{'s' * (migrated != 1)})"
-        + (f"; {unread}" if unread else "")
-        + "\n"
-    )
-    return 1 if failed else 0
+    program.add(path, parsed.module, parsed.positions)
+    result = _unmigrate_parsed(parsed, program)
+    _finish_back([result], drop=not result.needs)
+    return result

@@ -110,22 +110,23 @@ def _nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         yield from _nodes(child)
 
 
-def _escape(node: cst.CSTNode, in_loop: bool = False) -> str | None:
-    """What in ``node`` would leave (or suspend) the span other than by an exception, if anything."""
+def _escape(node: cst.CSTNode, in_loop: bool = False, suspends: bool = True) -> str | None:
+    """What in ``node`` would leave the span other than by an exception, if anything; ``suspends``:
+    also what suspends it (a yield, an await)."""
     if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
         return None  # a new scope: its returns and yields are its own
     if isinstance(node, cst.Return):
         return "a return"
-    if isinstance(node, (cst.Yield, cst.Await)):
+    if suspends and isinstance(node, (cst.Yield, cst.Await)):
         return f"{'a yield' if isinstance(node, cst.Yield) else 'an await'}"
-    if isinstance(node, (cst.For, cst.With, cst.CompFor)) and node.asynchronous is not None:
+    if suspends and isinstance(node, (cst.For, cst.With, cst.CompFor)) and node.asynchronous is not None:
         return "an async loop or block (it awaits)"
     if isinstance(node, (cst.Break, cst.Continue)) and not in_loop:
         return f"a {'break' if isinstance(node, cst.Break) else 'continue'}"
     for child in node.children:
         # inside a loop's body break/continue stay in it; its else clause belongs to the outside
         loop_body = isinstance(node, (cst.For, cst.While)) and child is node.body
-        found = _escape(child, in_loop or loop_body)
+        found = _escape(child, in_loop or loop_body, suspends)
         if found:
             return found
     return None
