@@ -1,4 +1,5 @@
-"""``toggleshim migrate PATH...``: rewrite statement toggles into blocks, only where provably equivalent.
+"""``toggleshim migrate PATH...``: rewrite statement toggles into blocks, and blocks back into
+statements (``--to-lightning``), only where provably equivalent.
 
 A span ``R.toggle_optimizer(X)`` ... ``R.untoggle_optimizer(X)`` in one statement list becomes
 ``with R.toggle_optimizer(X[, zero_grad=False][, step=False]):`` when the block does exactly what
@@ -8,25 +9,32 @@ why each is exact, are in docs/migrate.md. Overrides of ``toggle_optimizer`` are
 file of the run (two passes: every file's classes are indexed, then each file is rewritten); where
 one may return None, the block is ``with toggleshim.toggle(R, X):``, the manual sequence with the
 module's own methods. ``--assume NAME`` opts into documented assumptions that let more spans reach
-the plain block.
+the plain block. ``--to-lightning`` goes the other way: a block becomes ``R.toggle_optimizer(X)``
+and ``try: [X.zero_grad()] body [X.step()] finally: R.untoggle_optimizer(X)``, which is what it
+does on every path, exceptions included; ``import toggleshim`` goes once nothing needs it.
 
 Modes (as black, ruff and pyupgrade): ``--diff`` (default: a unified diff on stdout, nothing
 written), ``--write`` (each file either untouched or fully rewritten: a temporary file in the same
-directory, then ``os.replace``), ``--check`` (exit 1 when a statement toggle is not exception-safe).
-Exit codes: 0 fine, 1 findings of ``--check`` or files that could not be processed (each reported
-as ``path: skipped: reason``; one file never stops the run), 2 usage, 141 the output pipe closed.
-Built on LibCST (the ``migrate`` extra), which keeps comments and formatting outside the span.
+directory, then ``os.replace``), ``--check`` (exit 1 when a statement toggle is not exception-safe,
+or an override of toggle_optimizer drops the toggle a block uses; with ``--to-lightning``: while the
+code uses toggleshim). Exit codes: 0 fine, 1 findings of ``--check`` or files that could not be
+processed (each reported as ``path: skipped: reason``; one file never stops the run), 2 usage, 141
+the output pipe closed. Built on LibCST (the ``migrate`` extra), which keeps comments and formatting
+outside what it rewrites.
 
 The modules, in the order a run goes through them:
 
 * ``_cli``: the arguments and exit codes (no LibCST: ``--help`` and usage errors need none of it);
 * ``_files``: the paths walked into ``.py`` files, the diff, the atomic write;
-* ``_run``: the two passes over the files, and what is reported;
+* ``_command``: the run over the files, in either direction, and what it prints;
+* ``_run``: one file read, parsed, indexed (the first pass), then rewritten (the second);
 * ``_program``: the classes of the run and their overrides of ``toggle_optimizer``;
-* ``_rules``: one file's statement toggles decided and rewritten (``_syntax``: what they read);
-* ``_imports``: where ``import toggleshim`` goes.
+* ``_rules`` (forward) and ``_back`` (``--to-lightning``): one file's toggles decided and rewritten,
+  on ``_walk`` (the walk both share) and ``_syntax`` (what they read in the tree);
+* ``_imports``: where ``import toggleshim`` goes, and when it goes away.
 
-The names that need LibCST (``migrate_source`` and the run's types) are imported on first use.
+The names that need LibCST (``migrate_source``, ``to_lightning_source`` and the run's types) are
+imported on first use.
 """
 
 from __future__ import annotations
