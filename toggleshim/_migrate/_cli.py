@@ -29,7 +29,8 @@ def _parser(prog: str = "toggleshim") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"{prog} migrate",
         description="Rewrite statement toggles (toggle_optimizer ... untoggle_optimizer) into "
-        "`with self.toggle_optimizer(opt):` blocks where provably equivalent (docs/migrate.md).",
+        "`with self.toggle_optimizer(opt):` blocks where provably equivalent, or blocks back into Lightning's "
+        "statements (--to-lightning) (docs/migrate.md).",
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help=".py files or directories")
     mode = parser.add_mutually_exclusive_group()
@@ -40,7 +41,8 @@ def _parser(prog: str = "toggleshim") -> argparse.ArgumentParser:
         action="store_const",
         dest="mode",
         const="check",
-        help="exit 1 when a statement toggle is not exception-safe (prints file:line and why)",
+        help="exit 1 when a statement toggle is not exception-safe, or an override of toggle_optimizer drops the "
+        "toggle a block uses (prints file:line and why); with --to-lightning: while the code uses toggleshim",
     )
     parser.add_argument(
         "--assume",
