@@ -124,15 +124,22 @@ def _render_span(span: Span) -> list[str]:
 
 
 def render_program(program: tuple[object, ...]) -> str:
-    lines = [PRELUDE]
+    """The module of a program of spans and lines; with blocks written by hand (``Block``, the way
+    back), ``import toggleshim`` too, and the name a flag may be."""
+    blocks = any(isinstance(item, Block) for item in program)
+    lines = [PRELUDE + "flag = True\n" * blocks]
     for item in program:
-        if isinstance(item, Span):
+        if isinstance(item, Block):
+            lines += _render_block(item)
+        elif isinstance(item, Span):
             lines += _render_span(item)
         else:
             op, arg, k = item  # type: ignore[misc]
             lines.append(_op_line(op, arg, k))
     lines.append("self.observe()")
-    return render("\n".join(lines))
+    docstring, rest = render("\n".join(lines)).split("\n", 1)
+    imports = "import toggleshim\n" if blocks else ""
+    return f"{docstring}\n{imports}{rest}"
 
 
 def expected_with(span: Span) -> str:
@@ -324,21 +331,6 @@ BLOCKS = st.builds(
 BLOCK_PROGRAMS = st.lists(st.one_of(BLOCKS, ITEMS), min_size=1, max_size=4).map(tuple)
 
 
-def render_blocks(program: tuple[object, ...]) -> str:
-    lines = [PRELUDE + "flag = True\n"]
-    for item in program:
-        if isinstance(item, Block):
-            lines += _render_block(item)
-        elif isinstance(item, Span):
-            lines += _render_span(item)
-        else:
-            op, arg, k = item  # type: ignore[misc]
-            lines.append(_op_line(op, arg, k))
-    lines.append("self.observe()")
-    docstring, rest = render("\n".join(lines)).split("\n", 1)
-    return f"{docstring}\nimport toggleshim\n{rest}"
-
-
 @example((Block(0, 0, True, True, "method", False, (("backward", 0),)),
           Block(1, 1, False, True, "toggle", True, (("backward", 1), ("observe", 0)), kind="raise")))
 @example((Block(0, 2, True, False, "method", False, (("backward", 0), ("step", 0)), kind="return"),
@@ -349,7 +341,7 @@ def test_blocks_back_in_lightnings_statements_keep_the_world_bitwise(program: tu
     """Blocks written by hand, drawn (flags, forms, ``as``, returns, exceptions, nesting, spans
     around them), on the patch; and the file on its way back, without the patch where no block is
     left: the same world, bitwise. Which blocks go back is what ``expected_back`` predicts."""
-    source = render_blocks(program)
+    source = render_program(program)
     result = to_lightning_source(source.encode())
     home = to_lightning(source)  # parses; idempotent
     decided = [b.reason is None for b in result.blocks]
@@ -372,7 +364,7 @@ def test_the_back_property_sees_a_step_dropped_and_an_untoggle_out_of_finally() 
         (raising, "            finally:\n                self.untoggle_optimizer(d_opt)\n",
          "            finally:\n                pass\n            self.untoggle_optimizer(d_opt)\n"),
     ):
-        source = render_blocks(program)
+        source = render_program(program)
         home = to_lightning(source)
         assert home.count(right_text) == 1, home
         before = on_stand_in(source, patched=True)
