@@ -178,7 +178,7 @@ class _Program:
                 if info.name == "LightningModule" and any(
                     tuple(parts[-len(where) :]) == where for where in _LIGHTNING_MODULES
                 ):
-                    info.toggle, info.forwards = None, False  # Lightning's own: see _LIGHTNING_MODULES
+                    info.toggle, info.forwards, info.drops = None, False, None  # Lightning's own: _LIGHTNING_MODULES
                 classes.append(info)
                 self.by_node[id(n)] = info
             elif isinstance(n, cst.Import):
