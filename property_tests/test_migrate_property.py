@@ -17,11 +17,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
-from _migrate_world import assert_same_world, migrated, on_stand_in, render  # tests/ is on pytest's pythonpath
+from _migrate_world import (  # tests/ is on pytest's pythonpath
+    assert_same_world,
+    migrated,
+    on_stand_in,
+    render,
+    to_lightning,
+)
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from toggleshim._migrate import migrate_source
+from toggleshim._migrate import migrate_source, to_lightning_source
 
 # how each optimizer may be written (index k): a name bound from self.optimizers(), an index, an attribute
 SPELLINGS = (("g_opt", "opts[0]", "self.o0"), ("d_opt", "opts[1]", "self.o1"))
@@ -118,15 +124,22 @@ def _render_span(span: Span) -> list[str]:
 
 
 def render_program(program: tuple[object, ...]) -> str:
-    lines = [PRELUDE]
+    """The module of a program of spans and lines; with blocks written by hand (``Block``, the way
+    back), ``import toggleshim`` too, and the name a flag may be."""
+    blocks = any(isinstance(item, Block) for item in program)
+    lines = [PRELUDE + "flag = True\n" * blocks]
     for item in program:
-        if isinstance(item, Span):
+        if isinstance(item, Block):
+            lines += _render_block(item)
+        elif isinstance(item, Span):
             lines += _render_span(item)
         else:
             op, arg, k = item  # type: ignore[misc]
             lines.append(_op_line(op, arg, k))
     lines.append("self.observe()")
-    return render("\n".join(lines))
+    docstring, rest = render("\n".join(lines)).split("\n", 1)
+    imports = "import toggleshim\n" if blocks else ""
+    return f"{docstring}\n{imports}{rest}"
 
 
 def expected_with(span: Span) -> str:
@@ -233,3 +246,128 @@ def test_the_property_migrates_something() -> None:
     """A check that checked nothing must fail: the canonical program does become two blocks."""
     new = migrated(render_program(CANONICAL))
     assert "with self.toggle_optimizer(g_opt):" in new and "with self.toggle_optimizer(opts[1]):" in new
+
+
+# -- the way back (--to-lightning) ----------------------------------------------------------------
+
+
+@example(CANONICAL)
+@example((Span(0, 2, (("backward", 0), ("zero_grad", 2), ("step", 2), ("observe", 0))),))
+@given(PROGRAMS)
+def test_forward_and_back_keeps_the_world_bitwise(program: tuple[object, ...]) -> None:
+    """Every block the forward direction writes goes back into Lightning's statements (no toggleshim
+    left), and the module trains as the original, both without the patch."""
+    source = render_program(program)
+    home = to_lightning(migrated(source))  # parses; idempotent
+    assert "toggleshim" not in home and "with self.toggle_optimizer" not in home, home
+    assert_same_world(on_stand_in(source, patched=False), on_stand_in(home, patched=False))
+
+
+@dataclass(frozen=True)
+class Block:
+    """``with <form>(opt k, flags)[ as blk]:`` over ``ops``; ``kind``: clean, or what the way back
+    must decide (a return, an exception through the block, a nested block, sync_grad=False, a
+    flag that is a name)."""
+
+    k: int
+    spelling: int
+    zero_grad: bool
+    step: bool
+    form: str  # "method": self.toggle_optimizer(...), "toggle": toggleshim.toggle(self, ...)
+    bind: bool  # `as blk`
+    ops: tuple[tuple[str, int], ...]
+    kind: str = "clean"
+
+
+def expected_back(block: Block) -> list[bool]:
+    """The rules of the way back, restated: which blocks become statements (in source order: a nested
+    block, then the block inside it). A return leaves a block cleanly, and a block that steps on exit
+    steps there; an exception is a block's own path; nesting, sync_grad=False and a flag that is not
+    a literal stay blocks."""
+    if block.kind == "nested":
+        return [False, False]
+    return [block.kind in ("clean", "raise") or (block.kind == "return" and not block.step)]
+
+
+def _render_block(block: Block) -> list[str]:
+    x = SPELLINGS[block.k][block.spelling]
+    flags = [f"{name}=False" for name, on in (("zero_grad", block.zero_grad), ("step", block.step)) if not on]
+    flags += {"sync": ["sync_grad=False"], "name-flag": ["zero_grad=flag"]}.get(block.kind, [])
+    args = ", ".join([x, *flags])
+    call = f"self.toggle_optimizer({args})" if block.form == "method" else f"toggleshim.toggle(self, {args})"
+    # a block that steps on exit refuses a step inside it (a RuntimeError): no step op in it
+    ops = [("observe", arg) if block.step and op in ("step", "if_step") else (op, arg) for op, arg in block.ops]
+    body = [_op_line(op, arg, block.k) for op, arg in ops]
+    inserted = {
+        "return": "if batch_idx == 1:\n    self.observe()\n    return",
+        "raise": "if batch_idx == 1:\n    raise LookupError('through the block')",
+        "nested": f"with self.toggle_optimizer({SPELLINGS[1 - block.k][0]}, zero_grad=False, step=False):\n"
+        "    self.loss(x, 0).backward()",
+    }.get(block.kind)
+    if inserted is not None:
+        body.insert(len(body) // 2, inserted)
+    lines = [f"with {call}{' as blk' if block.bind else ''}:", *textwrap_indent(body or ["pass"])]
+    if block.kind == "raise":
+        lines = ["try:", *textwrap_indent(lines), "except LookupError:", "    self.observe()"]
+    return lines
+
+
+def textwrap_indent(lines: list[str]) -> list[str]:
+    return ["    " + line for text in lines for line in text.split("\n")]
+
+
+# Bounds: up to 5 lines a block and 4 items a program, as PROGRAMS (~10 ms of torch work an example).
+BLOCKS = st.builds(
+    Block,
+    k=st.integers(0, 1),
+    spelling=st.integers(0, 2),
+    zero_grad=st.booleans(),
+    step=st.booleans(),
+    form=st.sampled_from(["method", "toggle"]),
+    bind=st.booleans(),
+    ops=st.lists(OPS, max_size=5).map(tuple),
+    kind=st.sampled_from(["clean"] * 5 + ["return", "raise", "nested", "sync", "name-flag"]),
+)
+BLOCK_PROGRAMS = st.lists(st.one_of(BLOCKS, ITEMS), min_size=1, max_size=4).map(tuple)
+
+
+@example((Block(0, 0, True, True, "method", False, (("backward", 0),)),
+          Block(1, 1, False, True, "toggle", True, (("backward", 1), ("observe", 0)), kind="raise")))
+@example((Block(0, 2, True, False, "method", False, (("backward", 0), ("step", 0)), kind="return"),
+          Block(1, 0, True, True, "method", False, (("backward", 1),), kind="return")))
+@example((Block(0, 1, True, True, "method", True, (("backward", 0),), kind="nested"),))
+@given(BLOCK_PROGRAMS)
+def test_blocks_back_in_lightnings_statements_keep_the_world_bitwise(program: tuple[object, ...]) -> None:
+    """Blocks written by hand, drawn (flags, forms, ``as``, returns, exceptions, nesting, spans
+    around them), on the patch; and the file on its way back, without the patch where no block is
+    left: the same world, bitwise. Which blocks go back is what ``expected_back`` predicts."""
+    source = render_program(program)
+    result = to_lightning_source(source.encode())
+    home = to_lightning(source)  # parses; idempotent
+    decided = [b.reason is None for b in result.blocks]
+    assert decided == [x for item in program if isinstance(item, Block) for x in expected_back(item)], [
+        b.reason for b in result.blocks
+    ]
+    left = not all(decided)
+    assert ("toggleshim" in home) == left, home
+    assert_same_world(on_stand_in(source, patched=True), on_stand_in(home, patched=left))
+
+
+def test_the_back_property_sees_a_step_dropped_and_an_untoggle_out_of_finally() -> None:
+    """The comparison is not blind to the way back's two duties: a block's step on a clean exit (left
+    out: another world), and its untoggle when an exception goes through it (outside ``finally``: the
+    optimizers stay toggled after the exception, another world)."""
+    stepping = (Block(0, 0, True, True, "method", False, (("backward", 0), ("observe", 0))),)
+    raising = (Block(1, 0, True, False, "method", False, (("backward", 1),), kind="raise"),)
+    for program, right_text, wrong_text in (
+        (stepping, "            g_opt.step()\n", "            pass\n"),
+        (raising, "            finally:\n                self.untoggle_optimizer(d_opt)\n",
+         "            finally:\n                pass\n            self.untoggle_optimizer(d_opt)\n"),
+    ):
+        source = render_program(program)
+        home = to_lightning(source)
+        assert home.count(right_text) == 1, home
+        before = on_stand_in(source, patched=True)
+        assert_same_world(before, on_stand_in(home, patched=False))
+        with pytest.raises(AssertionError):
+            assert_same_world(before, on_stand_in(home.replace(right_text, wrong_text), patched=False))

@@ -26,6 +26,10 @@ count in both columns, and again in "both"), the ``toggleshim.toggle(...)`` form
 their reasons. A statement toggle neither rewritten nor refused is reported as unaccounted. One
 file failing (missing, unreadable, migrate crashing or timing out) is reported in the table and the
 others are measured. The Markdown goes to stdout.
+
+The round trip, per file and mode: ``migrate --write`` on a copy of the file (in a temporary
+directory), then ``migrate --to-lightning --write`` on it; counted: the blocks written, the blocks
+rewritten back into Lightning's statements, and whether ``toggleshim`` is left in the file.
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ import argparse
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -184,6 +190,48 @@ def run_migrate(file: Path, extra: list[str], timeout: float) -> Count:
     return count
 
 
+@dataclass
+class Trip:
+    """One file there and back: ``--write``, then ``--to-lightning --write``, on a copy."""
+
+    there: int = 0  # blocks written
+    back: int = 0  # blocks rewritten back into statements
+    left: bool = False  # `toggleshim` is still in the file afterwards
+    error: str | None = None
+
+
+_THERE = re.compile(r": migrated (\d+) spans?$", re.MULTILINE)
+_BACK = re.compile(r": rewrote (\d+) blocks? into Lightning's statements", re.MULTILINE)
+
+
+def round_trip(file: Path, extra: list[str], timeout: float) -> Trip:
+    """The file migrated forward (``extra``: the mode's options) and back, on a copy of it."""
+    trip = Trip()
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / file.name
+        shutil.copyfile(file, copy)
+        for args, pattern in ((["--write", *extra], _THERE), (["--to-lightning", "--write"], _BACK)):
+            try:
+                proc = subprocess.run([sys.executable, "-m", "toggleshim", "migrate", *args, copy.name], cwd=tmp,
+                                      capture_output=True, text=True, timeout=timeout, check=False)
+            except subprocess.TimeoutExpired:
+                trip.error = f"{' '.join(args)} timed out after {timeout:g} s"
+                return trip
+            if proc.returncode != 0:
+                tail = proc.stderr.strip().splitlines()[-1:] or ["(no message)"]
+                trip.error = f"{' '.join(args)} exited {proc.returncode}: {tail[0]}"
+                return trip
+            found = sum(int(n) for n in pattern.findall(proc.stderr))
+            trip.there, trip.back = (found, trip.back) if pattern is _THERE else (trip.there, found)
+        text = copy.read_text(encoding="utf-8")
+        try:
+            ast.parse(text)
+        except SyntaxError as exc:
+            trip.error = f"the file back does not parse: {exc}"
+        trip.left = "toggleshim" in text
+    return trip
+
+
 def _pct(part: int, whole: int) -> str:
     return f"{100 * part / whole:.0f}%" if whole else "n/a"
 
@@ -192,6 +240,7 @@ def measure(entries: list[Entry], corpus: Path, timeout: float, diffs: Path | No
     """Run every file in every mode and render the Markdown report."""
     found: dict[Entry, int | str] = {}
     counts: dict[tuple[Entry, str], Count] = {}
+    trips: dict[tuple[Entry, str], Trip] = {}
     for entry in entries:
         file = entry.local(corpus)
         try:
@@ -205,6 +254,10 @@ def measure(entries: list[Entry], corpus: Path, timeout: float, diffs: Path | No
             except OSError as exc:  # the interpreter could not be started: say so for this file, go on
                 count = Count(error=f"cannot run migrate: {exc}")
             counts[entry, mode] = count
+            try:
+                trips[entry, mode] = round_trip(file, extra, timeout)
+            except OSError as exc:
+                trips[entry, mode] = Trip(error=f"cannot run migrate: {exc}")
             if diffs is not None and count.diff:
                 out = diffs / mode / entry.repo / (entry.path + ".diff")
                 out.parent.mkdir(parents=True, exist_ok=True)
@@ -256,6 +309,16 @@ def measure(entries: list[Entry], corpus: Path, timeout: float, diffs: Path | No
     if refusals:
         lines += ["", "Refusals (file:line: reason — modes):", ""]
         lines += [f"- {what} — {', '.join(modes)}" for what, modes in refusals.items()]
+    lines += ["", "Round trip: `migrate --write`, then `migrate --to-lightning --write`, on a copy of each file.", "",
+              "| mode | files | blocks written | blocks back | files with `toggleshim` left | errors |",
+              "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for mode, _ in MODES:
+        done = [trips[e, mode] for e in measured]
+        ok = [trip for trip in done if trip.error is None]
+        lines.append(f"| {mode} | {len(ok)} | {sum(t.there for t in ok)} | {sum(t.back for t in ok)} "
+                     f"| {sum(t.left for t in ok)} | {len(done) - len(ok)} |")
+        notes += [f"- {e.label()} ({mode}), round trip: {trips[e, mode].error}" for e in measured
+                  if trips[e, mode].error is not None]
     if notes:
         lines += ["", "Notes:", "", *notes]
     return "\n".join(lines) + "\n"

@@ -1,22 +1,29 @@
 """Run a ``training_step`` body as written and as ``toggleshim migrate`` rewrites it; compare bitwise.
 
 The module source is rendered from a body (statement style), executed from a string, and trained
-either in a real ``Trainer.fit`` (manual optimization, CPU, two optimizers with a shared parameter)
-or on a stand-in trainer (``trainer.optimizers`` only, for the Hypothesis property). The original
-runs on Lightning's own methods (the patch uninstalled), the migrated one on the patch.
+either in a real ``Trainer.fit`` (manual optimization, CPU, two optimizers with a shared parameter;
+tests/_migrate_plain.py, also in a process that never imports toggleshim) or on a stand-in trainer
+(``trainer.optimizers`` only, for the Hypothesis property). The original runs on Lightning's own
+methods (the patch uninstalled), the migrated one on the patch; code on its way back
+(``--to-lightning``) runs without toggleshim.
 """
 
 from __future__ import annotations
 
-import importlib
+import json
+import subprocess
+import sys
+import tempfile
 import textwrap
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
+from _migrate_plain import BATCHES, fit_plain, module_class, world
 
 import toggleshim
-from toggleshim._migrate import migrate_source
+from toggleshim._migrate import migrate_source, to_lightning_source
 from toggleshim.testing import installed_flavours
 
 TEMPLATE = '''\
@@ -133,9 +140,6 @@ class Module(pl.LightningModule):
 BODY
 '''
 
-BATCHES = 3
-
-
 def render(body: str, flavour: str | None = None) -> str:
     """The module source with ``body`` (statement style, unindented) as training_step's tail, on the
     Lightning ``flavour`` (default: the first installed one)."""
@@ -152,48 +156,37 @@ def migrated(source: str, assume: frozenset[str] = frozenset()) -> str:
     return out
 
 
-def _module_class(source: str) -> Any:
-    namespace: dict[str, Any] = {"BATCHES": BATCHES, "__name__": "migrate_world"}
-    exec(compile(source, "<training_step>", "exec"), namespace)
-    return namespace["Module"]
-
-
-def _world(module: Any, optimizers: list[Any], global_step: int) -> dict[str, Any]:
-    return {
-        "params": [p.detach().clone() for p in module.parameters()],
-        "grads": [None if p.grad is None else p.grad.clone() for p in module.parameters()],
-        "requires_grad": [p.requires_grad for p in module.parameters()],
-        "optimizers": [o.state_dict() for o in optimizers],
-        "trace": module.trace,
-        "global_step": global_step,
-    }
+def to_lightning(source: str) -> str:
+    """``source`` as ``toggleshim migrate --to-lightning`` rewrites it (checked: it parses, and a second
+    run changes nothing)."""
+    out = to_lightning_source(source.encode()).new.decode()
+    compile(out, "<to-lightning>", "exec")
+    assert to_lightning_source(out.encode()).new.decode() == out, "a second run changed something"
+    return out
 
 
 def fit(source: str, patched: bool, flavour: str | None = None) -> dict[str, Any]:
-    """Train the module of ``source`` in a real Trainer.fit of ``flavour``; the world afterwards."""
-    pl = importlib.import_module(flavour or installed_flavours()[0])
+    """Train the module of ``source`` in a real Trainer.fit of ``flavour`` in this process, on the patch
+    or on Lightning's own methods (``patched``); the world afterwards."""
     toggleshim.install() if patched else toggleshim.uninstall()
     try:
-        torch.manual_seed(0)
-        module = _module_class(source)()
-        trainer = pl.Trainer(**TRAINER)
-        trainer.fit(module)
-        return _world(module, list(trainer.optimizers), int(trainer.global_step))
+        return fit_plain(source, flavour or installed_flavours()[0])
     finally:
         toggleshim.install()
 
 
-# One Trainer configuration for every rule: CPU, quiet, nothing written.
-TRAINER: dict[str, Any] = dict(
-    accelerator="cpu",
-    devices=1,
-    max_epochs=1,
-    logger=False,
-    enable_checkpointing=False,
-    enable_progress_bar=False,
-    enable_model_summary=False,
-    num_sanity_val_steps=0,
-)
+def fit_without_toggleshim(sources: list[str], flavour: str | None = None) -> list[dict[str, Any]]:
+    """Train each module of ``sources`` in a real Trainer.fit, in one fresh process that never imports
+    toggleshim (tests/_migrate_plain.py fails when it did); the worlds afterwards."""
+    with tempfile.TemporaryDirectory() as tmp:
+        given, out = Path(tmp) / "sources.json", Path(tmp) / "worlds.pt"
+        given.write_text(json.dumps(sources))
+        script = Path(__file__).with_name("_migrate_plain.py")
+        proc = subprocess.run([sys.executable, str(script), str(given), flavour or installed_flavours()[0], str(out)],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        worlds: list[dict[str, Any]] = torch.load(out, weights_only=False)
+    return worlds
 
 
 def on_stand_in(source: str, patched: bool, batches: int = BATCHES) -> dict[str, Any]:
@@ -201,7 +194,7 @@ def on_stand_in(source: str, patched: bool, batches: int = BATCHES) -> dict[str,
     returns the torch optimizers."""
     toggleshim.install() if patched else toggleshim.uninstall()
     try:
-        cls = _module_class(source)
+        cls = module_class(source)
         module = cls()
         optimizers = module.configure_optimizers()
         module._trainer = SimpleNamespace(optimizers=optimizers, strategy=SimpleNamespace())
@@ -210,7 +203,7 @@ def on_stand_in(source: str, patched: bool, batches: int = BATCHES) -> dict[str,
         data = torch.randn(batches, 3, generator=gen)
         for i in range(batches):
             module.training_step((data[i : i + 1],), i)
-        return _world(module, optimizers, 0)
+        return world(module, optimizers, 0)
     finally:
         toggleshim.install()
 

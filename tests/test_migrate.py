@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pty
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from toggleshim import _migrate
+from toggleshim._migrate import _run as migrate_run
 from toggleshim._migrate import migrate_source
 
 
@@ -361,7 +363,13 @@ def test_cli_without_libcst_says_how_to_install(tmp_path: Path) -> None:
     code = "import sys; sys.modules['libcst'] = None; from toggleshim.__main__ import main; sys.exit(main())"
     r = subprocess.run([sys.executable, "-c", code, "migrate", "ok.py"], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 2
-    assert r.stderr == 'toggleshim migrate: toggleshim migrate needs LibCST: pip install "toggleshim[migrate]"\n'
+    assert r.stderr == 'toggleshim migrate: LibCST is not installed: pip install "toggleshim[migrate]"\n'
+    assert r.stderr.count("toggleshim migrate") == 1  # one prefix (issue 38)
+    code = "import sys; sys.modules['libcst'] = None; from toggleshim._migrate import migrate_source"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.stderr.splitlines()[-1] == (
+        'ImportError: toggleshim migrate: LibCST is not installed: pip install "toggleshim[migrate]"'
+    )
 
 
 def test_cli_console_script_and_help(tmp_path: Path) -> None:
@@ -394,14 +402,14 @@ def test_cli_on_a_terminal(project: Path) -> None:
 
 def test_unreadable_file_reported_others_processed(project: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    real = _migrate._read
+    real = migrate_run._read
 
     def read(path: str) -> bytes:
         if path.endswith("plain.py"):
             raise PermissionError(13, "Permission denied", path)
         return real(path)
 
-    monkeypatch.setattr(_migrate, "_read", read)
+    monkeypatch.setattr(migrate_run, "_read", read)
     monkeypatch.chdir(project)
     assert _migrate.main(["--write", "pkg"]) == 1
     err = capsys.readouterr().err
@@ -416,14 +424,14 @@ def test_analysis_failing_for_one_file_skips_it_and_goes_on(project: Path, monke
     `skipped: cannot analyse: <error>`; the files after it are processed; exit 1 (docs/migrate.md)."""
     first = project / "pkg" / "a_first.py"  # processed before gan.py (sorted)
     first.write_text(GAN)
-    real = _migrate._migrate_parsed
+    real = migrate_run._migrate_parsed
 
     def analyse(parsed: _migrate._Parsed, *args: object, **kwargs: object) -> _migrate._FileResult:
         if parsed.path.endswith("a_first.py"):
             raise RuntimeError("planted")
         return real(parsed, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_migrate, "_migrate_parsed", analyse)
+    monkeypatch.setattr(migrate_run, "_migrate_parsed", analyse)
     r = run_here(mode, "pkg", cwd=project, monkeypatch=monkeypatch, capsys=capsys)
     assert r.returncode == 1
     assert r.stderr.startswith("pkg/a_first.py: skipped: cannot analyse: RuntimeError: planted\n"), r.stderr
@@ -445,7 +453,7 @@ def test_write_failing_midway_leaves_the_file_whole(project: Path, monkeypatch: 
     if fail_at == "replace":
         def replace(src: str, dst: str) -> None:
             raise OSError(28, "No space left on device")
-        monkeypatch.setattr(_migrate.os, "replace", replace)
+        monkeypatch.setattr(os, "replace", replace)
     else:
         real_fdopen = os.fdopen
 
@@ -463,7 +471,7 @@ def test_write_failing_midway_leaves_the_file_whole(project: Path, monkeypatch: 
                 self.fh.write(data[: len(data) // 2])  # type: ignore[attr-defined]
                 raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(_migrate.os, "fdopen", lambda fd, mode: HalfFile(real_fdopen(fd, mode)))
+        monkeypatch.setattr(os, "fdopen", lambda fd, mode: HalfFile(real_fdopen(fd, mode)))
     monkeypatch.chdir(project)
     assert _migrate.main(["--write", "pkg"]) == 1
     assert "pkg/gan.py: skipped: cannot write: No space left on device (left unchanged)" in capsys.readouterr().err
@@ -755,6 +763,23 @@ def test_migrate_import_goes_in_the_third_party_section(tmp_path: Path, case: st
     assert new.startswith(after + "\n\n"), new
 
 
+# a file with no imports: what stands above the def -> what stands above it migrated
+NO_IMPORTS = {
+    "": IMPORT + "\n\n",
+    '"""Doc."""\n\n\n': '"""Doc."""\n\n' + IMPORT + "\n\n",  # four blank lines before the def, until issue 38
+    '"""Doc."""\n': '"""Doc."""\n\n' + IMPORT + "\n\n",
+    "# a comment\n\n\n": "# a comment\n\n\n" + IMPORT + "\n\n",
+}
+
+
+@pytest.mark.parametrize("top", list(NO_IMPORTS))
+def test_migrate_import_into_a_file_without_imports_leaves_two_blank_lines_before_a_def(top: str) -> None:
+    """No imports: ``import toggleshim`` goes at the top (after the docstring), and the ``def`` has two
+    blank lines before it, as it had: not two more."""
+    new, _ = migrate(top + SPAN)
+    assert new.startswith(NO_IMPORTS[top] + "def training_step"), new
+
+
 def test_migrate_import_order_passes_ruff(tmp_path: Path) -> None:
     """What ruff's own import sorting (I001, default settings) says of the migrated files."""
     project = _project(tmp_path)
@@ -765,6 +790,31 @@ def test_migrate_import_order_passes_ruff(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--select", "I", "pkg"], cwd=project,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_migrate_import_placement_does_not_depend_on_the_working_directory(tmp_path: Path) -> None:
+    """Without a project marker, first-party is decided by the tree (the directory holding the file's
+    top-level package), not the current directory (issue 38): the same tree, migrated from inside it
+    and from elsewhere, gives byte-identical output. ``models`` is a module of the tree, so
+    ``import toggleshim`` goes between ``numpy`` and it (were ``models`` third-party: after it)."""
+    tree, elsewhere = tmp_path / "tree", tmp_path / "elsewhere"
+    tree.mkdir(), elsewhere.mkdir()
+    assert not [p for p in (tree, *tree.parents) for m in ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+                if (p / m).exists()], "a project marker above the tree: it would be the root"
+    (tree / "train.py").write_text("import numpy\n\nimport models\n\n\n" + SPAN)
+    (tree / "models.py").write_text("")
+    outs = [run("--diff", str(tree), cwd=cwd) for cwd in (tree, elsewhere, Path(os.sep))]
+    assert all(r.returncode == 0 for r in outs) and outs[0].stdout
+    assert outs[0].stdout == outs[1].stdout == outs[2].stdout
+    assert f"--- {tree}/train.py\n" in outs[0].stdout
+    expected = "import numpy\n\n" + IMPORT + "\nimport models\n"
+    assert migrate_source((tree / "train.py").read_bytes(), str(tree / "train.py")).new.decode().startswith(expected)
+    for cwd in (tree, elsewhere):
+        copy = tmp_path / f"copy-{cwd.name}"
+        shutil.copytree(tree, copy)
+        assert run("--write", str(copy), cwd=cwd).returncode == 0
+    assert (tmp_path / "copy-tree" / "train.py").read_bytes() == (tmp_path / "copy-elsewhere" / "train.py").read_bytes()
+    assert (tmp_path / "copy-tree" / "train.py").read_text().startswith(expected)
 
 
 def test_migrate_import_not_added_when_the_file_imports_toggleshim() -> None:
@@ -916,8 +966,8 @@ def test_write_that_cannot_keep_the_owner_leaves_the_file(project: Path, monkeyp
     def chown(path: str, uid: int, gid: int) -> None:
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(_migrate.os, "stat", stat)
-    monkeypatch.setattr(_migrate.os, "chown", chown)
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.setattr(os, "chown", chown)
     monkeypatch.chdir(project)
     assert _migrate.main(["--write", "pkg"]) == 1
     err = capsys.readouterr().err

@@ -11,6 +11,7 @@ subprocess, and compared bitwise.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ from _migrate_world import assert_same_world
 
 import toggleshim
 from toggleshim import _migrate
+from toggleshim._flavours import by_name
 
 BASE = '''\
 """A two-optimizer module with statement toggles."""
@@ -278,6 +280,45 @@ def test_migrate_receiver_of_unknown_class_with_an_override_in_the_run(
     assert "with toggleshim.toggle(model, opt, zero_grad=False, step=False):" in _with_lines(out)
 
 
+# Lightning's own files that define LightningModule and re-export it (in the flavour's package)
+LIGHTNING_SOURCE = ("__init__.py", "core/__init__.py", "core/module.py")
+
+
+def test_migrate_lightnings_own_module_in_the_run_never_forces_toggleshim_toggle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flavour: str
+) -> None:
+    """A run over a tree holding Lightning's own source (a vendored copy: the installed Lightning's
+    files, byte for byte), whose ``LightningModule.toggle_optimizer`` returns None: user code keeps
+    the plain blocks, through every way the class is reached: a base imported from the package, and a
+    receiver of unknown class (any class of the run), issue 38."""
+    dist = importlib.metadata.distribution(by_name(flavour).distribution)
+    package = flavour.replace(".", "/")
+    for name in LIGHTNING_SOURCE:
+        target = tmp_path / "vendor" / package / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(str(dist.locate_file(f"{package}/{name}")), target)
+    module = (tmp_path / "vendor" / package / "core" / "module.py").read_text()
+    assert "def toggle_optimizer(self" in module and "class LightningModule(" in module
+    _tree(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/models.py": BASE.replace("import lightning.pytorch as pl", f"import {flavour} as pl"),
+        "pkg/plain.py": BASE.replace("import lightning.pytorch as pl", f"from {flavour} import LightningModule")
+        .replace("(pl.LightningModule)", "(LightningModule)").replace("class Base", "class Plain"),
+        "pkg/loop.py": """\
+            def train(model, opt, loss):
+                model.toggle_optimizer(opt)
+                model.manual_backward(loss)
+                model.untoggle_optimizer(opt)
+            """,
+    })
+    monkeypatch.chdir(tmp_path)
+    assert _migrate.main(["pkg", "vendor"]) == 0
+    out = capsys.readouterr().out
+    assert "toggleshim.toggle(" not in out
+    # loop.py, models.py, plain.py
+    assert _with_lines(out) == ["with model.toggle_optimizer(opt, zero_grad=False, step=False):", *PLAIN, *PLAIN]
+
+
 def test_migrate_assumption_names_bases_from_outside_the_run(
     pkg: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -286,18 +327,44 @@ def test_migrate_assumption_names_bases_from_outside_the_run(
             "(pl.LightningModule)", "(FancyModule)"
         )
     )
-    code, out, err = _diff(pkg, monkeypatch, capsys)
+    code, out, err = _diff(pkg, monkeypatch, capsys, "--verbose")
     assert code == 0 and _with_lines(out)[0] == "with self.toggle_optimizer(g_opt):"
     [line] = [line for line in err.splitlines() if "assumed" in line]
     assert "fancy.modules.FancyModule" in line and "toggleshim.toggle(self, opt)" in line
     assert "lightning" not in line  # Lightning's own LightningModule overrides nothing
+    _, _, short = _diff(pkg, monkeypatch, capsys)
+    assert [line for line in short.splitlines() if "assumed" in line] == [ASSUMED]
+
+
+# The assumption, as a run states it by default: one line, short (--verbose: in full)
+ASSUMED = "toggleshim migrate: assumed: no toggle_optimizer outside these files returns None (--verbose: more)"
+
+
+def test_migrate_assumption_is_one_short_line_a_run(
+    pkg: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three files whose spans all become plain blocks: the assumption is said once a run, in one line
+    of at most 100 characters (issue 38); ``--verbose`` says it in full, once, in its place."""
+    _tree(pkg, {"pkg/more.py": BASE.replace("class Base", "class More"), "pkg/third.py": BASE.replace(
+        "class Base", "class Third")})
+    code, _, err = _diff(pkg, monkeypatch, capsys, "--write")
+    assert code == 0 and err.count("migrated 2 spans") == 3, err
+    lines = err.splitlines()
+    assert [line for line in lines if "assumed" in line] == [ASSUMED] and len(ASSUMED) <= 100
+    assert lines[-2:] == [ASSUMED, "toggleshim migrate: rewrote 3 of 4 files (6 spans)"]
+    for name in ("models", "more", "third"):  # back to statements, to be migrated again
+        (pkg / "pkg" / f"{name}.py").write_text(BASE.replace("class Base", f"class {name.title()}"))
+    _, _, err = _diff(pkg, monkeypatch, capsys, "--verbose")
+    [line] = [line for line in err.splitlines() if "assumed" in line]
+    assert line.startswith("toggleshim migrate: assumed: no class outside these files overrides toggle_optimizer")
+    assert 'docs/migrate.md, "Overrides"' in line and "toggleshim.toggle(self, opt)" in line
 
 
 def test_migrate_unprocessable_file_counts_as_outside_the_run(
     pkg: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (pkg / "pkg" / "broken.py").write_text("class Sub(Base:\n")
-    code, _, err = _diff(pkg, monkeypatch, capsys)
+    code, _, err = _diff(pkg, monkeypatch, capsys, "--verbose")
     assert code == 1
     [line] = [line for line in err.splitlines() if "assumed" in line]
     assert "a file that could not be processed" in line
@@ -440,6 +507,114 @@ def test_migrated_base_trains_identically_with_a_toggle_override_returning_none(
     proc = subprocess.run([sys.executable, "train.py", "pkg.frozen_bias", str(tmp_path / "x.pt")], cwd=migrated,
                           capture_output=True, text=True, env=_env(), timeout=300)
     assert proc.returncode != 0 and "does not support the context manager protocol" in proc.stderr
+
+
+# -- --check: an override dropping the toggle a block uses (issue 37, point 4) --------------------
+
+# BASE written with blocks, by hand (toggleshim's code, as migrate writes it)
+BLOCKS = _migrate.migrate_source(BASE.encode()).new.decode()
+# NONE_TOGGLE fixed as the finding says: the toggle super() made, kept and returned last (the flags of
+# the blocks forwarded)
+KEPT_TOGGLE = NONE_TOGGLE.replace(
+    "    def toggle_optimizer(self, optimizer):\n        super().toggle_optimizer(optimizer)\n",
+    "    def toggle_optimizer(self, optimizer, **kwargs):\n"
+    "        toggle = super().toggle_optimizer(optimizer, **kwargs)\n",
+) + "        return toggle\n"
+
+
+def _check(root: Path) -> subprocess.CompletedProcess[str]:
+    """``toggleshim migrate --check pkg`` in ``root``, as CI runs it (a fresh process)."""
+    return subprocess.run([sys.executable, "-m", "toggleshim", "migrate", "--check", "pkg"], cwd=root,
+                          capture_output=True, text=True, env=_env(), timeout=300)
+
+
+def _dropped(path: str, line: int, name: str, block: str) -> str:
+    return (
+        f"{path}:{line}: `{name}.toggle_optimizer` calls `super().toggle_optimizer(...)` and drops its result: "
+        f"`with self.toggle_optimizer(...)` at {block} gets None ('NoneType' object does not support the context "
+        "manager protocol); return it (`return super().toggle_optimizer(optimizer, **kwargs)`, or keep it and "
+        "return it last), or write the block as `with toggleshim.toggle(self, opt):`"
+    )
+
+
+def test_check_flags_a_subclass_in_another_file_dropping_the_toggle_and_the_fix_trains(tmp_path: Path) -> None:
+    """A block ``with self.toggle_optimizer(g_opt):`` in Base, and in a sibling file a subclass whose
+    override calls ``super()`` and returns nothing: ``--check`` names the override's line, the block,
+    and the fix, exit 1; trained, that code fails with Python's NoneType error; fixed as the line says,
+    ``--check`` passes and the module trains bitwise as the statement-style original."""
+    assert "with self.toggle_optimizer(g_opt):" in BLOCKS
+    block = 1 + BLOCKS.splitlines().index("        with self.toggle_optimizer(g_opt):")
+    root = _tree(tmp_path / "flagged", {"pkg/__init__.py": "", "pkg/models.py": BLOCKS, "pkg/sub.py": NONE_TOGGLE,
+                                        "train.py": TRAIN})
+    proc = _check(root)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.splitlines() == [_dropped("pkg/sub.py", 7, "Sub", f"pkg/models.py:{block}")]
+    assert proc.stderr.endswith("0 statement toggles not exception-safe in 3 files checked; 1 override of "
+                                "toggle_optimizer dropping a block's toggle\n"), proc.stderr
+    failed = subprocess.run([sys.executable, "train.py", "pkg.sub", str(tmp_path / "x.pt")], cwd=root,
+                            capture_output=True, text=True, env=_env(), timeout=300)
+    assert failed.returncode != 0 and "does not support the context manager protocol" in failed.stderr
+    (root / "pkg" / "sub.py").write_text(KEPT_TOGGLE)
+    proc = _check(root)
+    assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr
+    original = _tree(tmp_path / "original", {"pkg/__init__.py": "", "pkg/models.py": BASE, "pkg/sub.py": NONE_TOGGLE,
+                                             "train.py": TRAIN})
+    assert_same_world(_train(original, "pkg.sub"), _train(root, "pkg.sub"))
+
+
+@pytest.mark.parametrize("case", ["own override", "bare return", "return None", "mixin of a subclass"])
+def test_check_flags_an_override_dropping_the_toggle(
+    pkg: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    """Every class whose toggle_optimizer the block may call: its own, a base, a subclass's mixin; a
+    bare ``return`` and ``return None`` return nothing either."""
+    models = pkg / "pkg" / "models.py"
+    if case == "own override":
+        models.write_text(BLOCKS + OWN_TOGGLE)
+        where = ("pkg/models.py", 1 + (BLOCKS + OWN_TOGGLE).splitlines().index(OWN_TOGGLE.splitlines()[-1]), "Base")
+    elif case == "mixin of a subclass":
+        models.write_text(BLOCKS)
+        _tree(pkg, {"pkg/mixin.py": """\
+            class Counting:
+                def toggle_optimizer(self, optimizer):
+                    super().toggle_optimizer(optimizer)
+                    self.count = getattr(self, "count", 0) + 1
+            """, "pkg/sub.py": "from .mixin import Counting\nfrom .models import Base\n\n\nclass Sub(Counting, Base):\n"
+                                "    pass\n"})
+        where = ("pkg/mixin.py", 3, "Counting")
+    else:
+        models.write_text(BLOCKS)
+        tail = "        return\n" if case == "bare return" else "        return None\n"
+        _tree(pkg, {"pkg/sub.py": NONE_TOGGLE + tail})
+        where = ("pkg/sub.py", 7, "Sub")
+    block = 1 + models.read_text().splitlines().index("        with self.toggle_optimizer(g_opt):")
+    code, out, _ = _diff(pkg, monkeypatch, capsys, "--check")
+    assert code == 1 and out.splitlines() == [_dropped(*where, f"pkg/models.py:{block}")]
+
+
+@pytest.mark.parametrize("case", ["returned", "kept and returned", "through toggleshim.toggle", "unrelated class",
+                                  "no block"])
+def test_check_passes_what_gets_its_toggle(
+    pkg: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    """No finding where the block gets the toggle: the override returns it (at once, or kept); the
+    block is ``toggleshim.toggle(self, ...)`` (it takes the toggle an override's super() made); the
+    dropping override is in a class the block's ``self`` cannot be; or no block uses it (statements)."""
+    models = pkg / "pkg" / "models.py"
+    models.write_text(BASE if case == "no block" else BLOCKS)
+    sub = {
+        "returned": NONE_TOGGLE.replace("        super().toggle_optimizer(optimizer)\n", "").replace(
+            "        self.d.bias", "        self.d.bias.requires_grad_(False)\n        return super().toggle_optimizer("
+            "optimizer)\n        self.d.bias"),
+        "kept and returned": KEPT_TOGGLE,
+        "unrelated class": NONE_TOGGLE.replace("from .models import Base", "class Base:\n    pass"),
+    }.get(case, NONE_TOGGLE)
+    if case == "through toggleshim.toggle":
+        models.write_text(BLOCKS.replace("with self.toggle_optimizer(", "with toggleshim.toggle(self, "))
+    _tree(pkg, {"pkg/sub.py": sub})
+    code, out, err = _diff(pkg, monkeypatch, capsys, "--check")
+    assert "drops its result" not in out and "dropping" not in err, out
+    assert code == (1 if case == "no block" else 0), out  # BASE's statement toggles are findings of their own
 
 
 def test_migrate_typing_override_decorator_keeps_the_receiver_class(

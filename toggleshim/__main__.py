@@ -419,8 +419,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     c.add_argument("--property", action="append", dest="only", choices=list(_BY_NAME),
                    help="only this property (repeatable; default: all)")
-    # `migrate` parses its own arguments (toggleshim/_migrate.py); listed here for --help.
-    sub.add_parser("migrate", help="rewrite statement toggles into blocks where exactly equivalent (docs/migrate.md)")
+    # `migrate` parses its own arguments (toggleshim/_migrate/_cli.py); listed here for --help.
+    sub.add_parser("migrate", help="rewrite statement toggles into blocks where exactly equivalent, and back with "
+                   "--to-lightning (docs/migrate.md)")
     return parser
 
 
