@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import importlib
 import re
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -155,17 +157,21 @@ def _inputs(layer_spec: Any, gen: torch.Generator) -> torch.Tensor:
 
 def user_module_class(flavour: str, overrides: Overrides) -> type:
     """A subclass of the graph module whose ``toggle_optimizer`` / ``untoggle_optimizer`` are the user's
-    own, as ``overrides`` draws them. Their ``super()`` is Lightning's own method in the manual world
+    own, as ``overrides`` draws them: on the class or set on each instance, plain functions or
+    ``functools.wraps`` wrappers. Their ``super()`` is Lightning's own method in the manual world
     (``module._lightning_super``: the reference sequence runs under Lightning's methods alone), the
-    class's (toggleshim's, where installed) otherwise."""
+    class's (toggleshim's, where installed) otherwise; ``"lightning"`` calls Lightning's own in both."""
     base = graph_module_class(flavour)
     lightning = _flavour_module(flavour).LightningModule
     ov = overrides
 
+    def lightnings(name: str) -> Callable[..., Any]:
+        fn = vars(lightning)[name]
+        return original_of(fn) or fn  # type: ignore[no-any-return]
+
     def parent(self: Any, name: str) -> Callable[..., Any]:
-        if self._lightning_super:
-            fn = vars(lightning)[name]
-            return functools.partial(original_of(fn) or fn, self)
+        if self._lightning_super or getattr(ov, name.split("_")[0]) == "lightning":
+            return functools.partial(lightnings(name), self)
         return getattr(super(cls, self), name)  # type: ignore[no-any-return]
 
     def write(self: Any, sets: tuple[tuple[int, bool], ...]) -> None:
@@ -173,23 +179,41 @@ def user_module_class(flavour: str, overrides: Overrides) -> type:
             if i < len(self._drawn):
                 self._drawn[i].requires_grad_(value)
 
-    body: dict[str, Any] = {"_lightning_super": False}
+    def wrapped(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+        if ov.wraps is None:
+            return fn
+        return functools.wraps(lightnings(name) if ov.wraps == "lightning" else vars(lightning)[name])(fn)
+
+    methods: dict[str, Any] = {}
     if ov.toggle:
         def toggle_optimizer(self: Any, optimizer: Any, **flags: Any) -> Any:
             self.override_log.append("toggle")
-            made = None if ov.toggle == "own" else parent(self, "toggle_optimizer")(optimizer, **flags)
+            made = None
+            if ov.toggle != "own":
+                own = {} if self._lightning_super or ov.toggle == "lightning" else {**flags, **dict(ov.super_flags)}
+                made = parent(self, "toggle_optimizer")(optimizer, **own)
             write(self, ov.toggle_sets)
             return made if ov.toggle == "super" else None
 
-        body["toggle_optimizer"] = toggle_optimizer
+        methods["toggle_optimizer"] = wrapped(toggle_optimizer, "toggle_optimizer")
     if ov.untoggle:
         def untoggle_optimizer(self: Any, optimizer: Any) -> None:
             self.override_log.append("untoggle")
-            if ov.untoggle == "super":
+            if ov.untoggle != "own":
                 parent(self, "untoggle_optimizer")(optimizer)
             write(self, ov.untoggle_sets)
 
-        body["untoggle_optimizer"] = untoggle_optimizer
+        methods["untoggle_optimizer"] = wrapped(untoggle_optimizer, "untoggle_optimizer")
+    body: dict[str, Any] = {"_lightning_super": False}
+    if ov.on_instance:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            base.__init__(self, *args, **kwargs)  # type: ignore[misc]
+            for name, fn in methods.items():  # as mock.patch.object(module, name, ...) sets them
+                self.__dict__[name] = types.MethodType(fn, self)
+
+        body["__init__"] = __init__
+    else:
+        body.update(methods)
     cls = type("UserModule", (base,), body)
     return cls
 
@@ -509,7 +533,7 @@ def _kind(world: World, op: Block) -> str:
     """What a block of ``op`` is over, as its repr names it: the module's own toggle (an override that
     never calls ``super()``: one that returns None has its ``super()``'s toggle caught), the fallback
     (unverified Lightning code), or toggleshim's toggle of the optimizer passed (its class's name)."""
-    if world.overrides is not None and world.overrides.toggle == "own":
+    if world.overrides is not None and world.overrides.toggle in ("own", "lightning"):
         return "own"
     if _fallback(world.module):
         return "fallback"
@@ -562,6 +586,7 @@ class ManualDriver:
 
     def block(self, world: World, op: Block, after_toggle: Callable[[], None], body: Callable[[], None]) -> None:
         opt = world.opts[op.k]
+        op = _effective(op, world.overrides)  # what the user's code asks for, spelled out by hand
         toggle_fn, untoggle_fn = self._methods(world)
         toggle_fn(opt)
         after_toggle()
@@ -839,8 +864,9 @@ class _Runner:
             self.op(op)
         self.path = saved
 
-    def block(self, op: Block) -> None:
+    def block(self, written: Block) -> None:
         w, m = self.world, self.model
+        op = _effective(written, w.overrides)  # the flags the block runs with (the user's methods decide)
         frame: _model.Frame | None = None
         completed = False
         # An enclosing block's fault still to fire (at its step, or its no-sync context's exit) waits
@@ -877,7 +903,7 @@ class _Runner:
 
         refused = False
         try:
-            self.driver.block(w, op, after_toggle, run_body)
+            self.driver.block(w, written, after_toggle, run_body)
             if frame is not None and m.refuses_step(frame, op.step, completed):
                 raise Mismatch(f"{self.driver.name} world: the block over optimizer {op.k} stepped again after a "
                                "step inside it (the model says: a double step, refused)")
@@ -919,6 +945,13 @@ class _Runner:
 
 def _inner(opt: Any) -> Any:
     return getattr(opt, "_optimizer", opt)
+
+
+def _effective(op: Block, overrides: Overrides | None) -> Block:
+    """``op`` with the flags its block runs with (``model.block_flags``): those it passes, or those the
+    user's ``toggle_optimizer`` passes to ``super()``."""
+    flags = _model.block_flags(op.passed(), op.entry, overrides)
+    return dataclasses.replace(op, flags=tuple(flags.items()))
 
 
 def _names(world: World) -> list[str]:

@@ -20,6 +20,7 @@ __all__ = [
     "FLAG_DEFAULTS",
     "Frame",
     "ToggleModel",
+    "block_flags",
     "expected_calls",
     "expected_hooks",
     "expected_sync",
@@ -42,10 +43,24 @@ class Overrides(Protocol):
     def toggle_sets(self) -> tuple[tuple[int, bool], ...]: ...
     @property
     def untoggle_sets(self) -> tuple[tuple[int, bool], ...]: ...
+    @property
+    def super_flags(self) -> tuple[tuple[str, bool], ...]: ...
 
 #: The block's flags and their documented defaults (README, "Semantics"), written here and not taken
 #: from the code under test: a default changed there is then a difference the harness sees.
 FLAG_DEFAULTS: dict[str, bool] = {"zero_grad": True, "step": True, "sync_grad": True}
+
+
+def block_flags(passed: dict[str, bool], entry: str, overrides: Overrides | None = None) -> dict[str, bool]:
+    """The flags a block runs with (README, "Semantics"): those passed to the call, over the defaults.
+    Where the module's ``toggle_optimizer`` is the user's and passes flags of its own to ``super()``,
+    those are the block's flags through every entry point; the flags passed to ``toggleshim.toggle``
+    (``entry`` "toggle", "Toggle") win over them, while a call of the method itself (``entry``
+    "method") hands its flags to the user's method, whose own win."""
+    own = dict(overrides.super_flags) if overrides is not None and overrides.toggle in ("super", "none") else {}
+    if entry == "method":
+        return {**FLAG_DEFAULTS, **passed, **own}
+    return {**FLAG_DEFAULTS, **own, **passed}
 
 
 def lightning_toggle(
@@ -198,20 +213,32 @@ class ToggleModel:
                 self.rg[i] = value
 
     def toggle_call(self, k: int) -> Frame | None:
-        """``module.toggle_optimizer(opt[k])``: the override (if any) around ``super()``'s toggle."""
+        """``module.toggle_optimizer(opt[k])``: the override (if any) around ``super()``'s toggle, or
+        around Lightning's own (then toggleshim's state knows nothing of it)."""
         ov = self.overrides
-        frame = self.toggle(k) if ov is None or ov.toggle != "own" else None
+        frame = None
+        if ov is not None and ov.toggle == "lightning" and not self.lightning:
+            self.record = lightning_toggle(self.rg, self.optimizers, k)
+        elif ov is None or ov.toggle != "own":
+            frame = self.toggle(k)
         if ov is not None and ov.toggle:
             self._write(ov.toggle_sets)
         return frame
 
     def untoggle_call(self, k: int) -> None:
-        """``module.untoggle_optimizer(opt[k])`` as a statement: the override around ``super()``'s."""
+        """``module.untoggle_optimizer(opt[k])`` as a statement: the override around ``super()``'s, or
+        around Lightning's own (toggleshim's open statement toggle, if any, stays open)."""
         ov = self.overrides
-        if ov is None or ov.untoggle != "own":
+        if ov is not None and ov.untoggle == "lightning" and not self.lightning:
+            self._lightnings_untoggle(k)
+        elif ov is None or ov.untoggle != "own":
             self.untoggle(k)
         if ov is not None and ov.untoggle:
             self._write(ov.untoggle_sets)
+
+    def _lightnings_untoggle(self, k: int) -> None:
+        lightning_untoggle(self.rg, self.record or {}, self.optimizers, k)
+        self.record = {}
 
     def block_toggle(self, k: int) -> Frame:
         """A block's toggle (every entry point). An override that returns None (``toggleshim.toggle``
@@ -221,7 +248,7 @@ class ToggleModel:
         sequence around the toggle it made."""
         frame = self.toggle_call(k)
         ov = self.overrides
-        if ov is not None and (ov.toggle == "own" or (ov.toggle == "none" and self.lightning)):
+        if ov is not None and (ov.toggle in ("own", "lightning") or (ov.toggle == "none" and self.lightning)):
             return Frame(k, nested=False, user={}, own_block=True)
         assert frame is not None
         return frame
@@ -332,7 +359,10 @@ class ToggleModel:
         if frame.entered:
             self.nest(frame)  # entered, nested inside a statement toggle before its entry could fail
         ov = self.overrides
-        if ov is not None and ov.untoggle == "own":
+        if ov is not None and ov.untoggle == "lightning" and not self.lightning:
+            self._lightnings_untoggle(frame.k)  # the override, not toggleshim's untoggle: then let go
+            self._forget(frame)
+        elif ov is not None and ov.untoggle == "own":
             self._forget(frame)
         elif any(f is frame for f in self.stack):
             while True:

@@ -205,6 +205,11 @@ class Block:
         """The flags that differ from their defaults."""
         return {n: v for n, v in self.flags if v is not FLAG_DEFAULTS[n]}
 
+    def passed(self) -> dict[str, bool]:
+        """The flags the call passes, as users write it: every one where ``explicit``, else those that
+        differ from their defaults."""
+        return dict(self.flags) if self.explicit else self.changed()
+
     def __repr__(self) -> str:
         parts = [repr(self.k)]
         if self.body:
@@ -229,18 +234,27 @@ class Statement:
 
 @dataclass(frozen=True)
 class Overrides:
-    """The module's class overrides Lightning's methods, as users write such overrides.
+    """The module's own ``toggle_optimizer`` / ``untoggle_optimizer``, as users write them.
 
     ``toggle``: ``"super"`` (calls ``super().toggle_optimizer`` and returns its result), ``"none"``
-    (calls it, returns None), ``"own"`` (never calls it: toggles by itself); ``untoggle``: ``"super"``
-    or ``"own"``; None: not overridden. ``toggle_sets`` / ``untoggle_sets``: ``(parameter, value)``
-    written after the ``super()`` call (or in its place), parameters in or outside the optimizers.
-    Every call is recorded on the module (``override_log``)."""
+    (calls it, returns None), ``"own"`` (never calls it: toggles by itself), ``"lightning"`` (calls
+    Lightning's own method directly: a decorator applied before ``import toggleshim`` wraps it);
+    ``untoggle``: ``"super"``, ``"own"`` or ``"lightning"``; None: not overridden. ``toggle_sets`` /
+    ``untoggle_sets``: ``(parameter, value)`` written after that call (or in its place), parameters in
+    or outside the optimizers. ``super_flags``: the flags the toggle passes to ``super()`` of its own
+    (``zero_grad=False, step=last``: accumulation in an override), over those it was given.
+    ``on_instance``: the methods are set on the instance (``mock.patch.object``, per-object patches),
+    not the class. ``wraps``: each is a ``functools.wraps`` wrapper carrying the name, module and
+    attributes of Lightning's own method (``"lightning"``: made before ``import toggleshim``) or of
+    toggleshim's (``"ours"``: made after). Every call is recorded on the module (``override_log``)."""
 
     toggle: str | None = None
     untoggle: str | None = None
     toggle_sets: tuple[tuple[int, bool], ...] = ()
     untoggle_sets: tuple[tuple[int, bool], ...] = ()
+    super_flags: tuple[tuple[str, bool], ...] = ()
+    on_instance: bool = False
+    wraps: str | None = None
 
 
 @dataclass(frozen=True)
@@ -467,13 +481,20 @@ def _programs(max_ops: int, nesting: bool, faults: bool, hostile: bool) -> st.Se
 
 @st.composite
 def overrides(draw: st.DrawFn, n_params: int) -> Overrides:
-    """A user's subclass: either method or both overridden, each calling ``super()`` or not, each
-    writing up to two parameters' ``requires_grad`` after it (any parameter, in an optimizer or not)."""
+    """A user's own methods: either or both, each calling ``super()``, Lightning's own method or
+    neither, each writing up to two parameters' ``requires_grad`` after it (any parameter, in an
+    optimizer or not); the toggle passing flags of its own to ``super()``; set on the class or on the
+    instance; plain functions or ``functools.wraps`` wrappers (in both import orders)."""
     sets = st.lists(st.tuples(st.integers(0, n_params - 1), st.booleans()), max_size=2).map(tuple)
-    toggle = draw(st.sampled_from([None, "super", "super", "none", "own"]), label="toggle override")
-    untoggle = draw(st.sampled_from([None, "super", "super", "own"] if toggle else ["super", "super", "own"]),
-                    label="untoggle override")
-    return Overrides(toggle, untoggle, draw(sets) if toggle else (), draw(sets) if untoggle else ())
+    toggle = draw(st.sampled_from([None, "super", "super", "none", "own", "lightning"]), label="toggle override")
+    kinds = ["super", "super", "own", "lightning"]
+    untoggle = draw(st.sampled_from([None, *kinds] if toggle else kinds), label="untoggle override")
+    # each flag at most once, any value (two at most: every one of them is drawn in turn)
+    flags = st.dictionaries(st.sampled_from(sorted(FLAG_DEFAULTS)), st.booleans(), max_size=2)
+    super_flags = tuple(sorted(draw(flags).items())) if toggle in ("super", "none") else ()
+    return Overrides(toggle, untoggle, draw(sets) if toggle else (), draw(sets) if untoggle else (), super_flags,
+                     on_instance=draw(st.booleans(), label="on the instance"),
+                     wraps=draw(st.sampled_from([None, None, "lightning", "ours"]), label="functools.wraps of"))
 
 
 def _method_entry_works(program: tuple[object, ...]) -> tuple[object, ...]:
@@ -525,7 +546,7 @@ def worlds(
     wrapped = tuple(k for k in range(len(optimizers)) if draw(st.booleans()))
     container = draw(st.sampled_from(["list", "list", "tuple", "list subclass"])) if hostile else "list"
     drawn = draw(overrides(n)) if user_class else None
-    if drawn is not None and drawn.toggle in ("none", "own"):
+    if drawn is not None and drawn.toggle in ("none", "own", "lightning"):
         program = _method_entry_works(program)
     return WorldSpec(graph, frozen, optimizers, program, wrapped, container, drawn)
 
@@ -607,6 +628,23 @@ USER_CLASS_EXAMPLES = (
     # is called there and again at the exit; the stray one is never the block's exit
     WorldSpec(_TWO, (), _SHARED, (Block(0, (Untoggle(0), Backward((0,)))), Block(0, (Block(1, (Untoggle(1),)),))),
               overrides=Overrides(untoggle="super", untoggle_sets=((2, True),))),
+    # issue 35's families, each found by hand first: flags an override passes to super() (gradient
+    # accumulation in the override) through toggleshim.toggle, returned or not; methods set on the
+    # instance (mock.patch.object); functools.wraps wrappers of Lightning's own method made before
+    # import toggleshim (they call it: the module's own toggle) and of toggleshim's made after
+    WorldSpec(_TWO, (), _SHARED, (Block(0, (Backward((0, 1)),), entry="toggle"), Block(1, (Backward((0, 1)),))),
+              overrides=Overrides(toggle="super", untoggle="super",
+                                  super_flags=(("step", False), ("zero_grad", False)))),
+    WorldSpec(_TWO, (), _SHARED, (Block(1, (Backward((0, 1)),), entry="toggle", step=True, explicit=True),
+                                  Block(0, (Backward((0, 1)),), entry="toggle")),
+              overrides=Overrides(toggle="none", super_flags=(("step", False),))),
+    WorldSpec(_TWO, (), _SHARED,
+              (Block(0, (Backward((0,)),)), Statement(1, (Backward((1,)),)), Block(1, entry="toggle")),
+              overrides=Overrides(toggle="super", untoggle="super", untoggle_sets=((0, False),), on_instance=True)),
+    WorldSpec(_TWO, (), _SHARED, (Block(0, (Backward((0, 1)),), entry="toggle"), Block(1, entry="toggle")),
+              overrides=Overrides(toggle="lightning", untoggle="lightning", wraps="lightning")),
+    WorldSpec(_TWO, (), _SHARED, (Block(0, (Block(1, (Backward((1,)),)),)), Block(1, entry="toggle")),
+              overrides=Overrides(toggle="super", untoggle="super", wraps="ours", on_instance=True)),
 )
 #: Nested worlds: a block inside a block, a statement toggle left open inside a block, a block inside
 #: a statement toggle (the statement's optimizer shares a parameter with the block's; one the
