@@ -39,8 +39,11 @@ def _workload(variant: str, options: dict[str, str]) -> Callable[[int], None]:
         import toggleshim
 
         assert toggleshim.is_installed()
+        _ablate(options.get("without", ""))
 
     assert ("toggleshim" in sys.modules) == (variant == "block"), "the anchor must run without toggleshim"
+    if variant == "toggled" and not hasattr(LightningModule, "toggled_optimizer"):
+        raise SystemExit("this Lightning has no toggled_optimizer (2.5.1 and later)")
     n_params, n_opts, body_kind = int(options["params"]), int(options["opts"]), options["body"]
 
     class Bench(LightningModule):
@@ -85,12 +88,58 @@ def _workload(variant: str, options: dict[str, str]) -> Callable[[int], None]:
                 finally:
                     module.untoggle_optimizer(opt)
 
-    run = block if variant == "block" else manual
+    def toggled(n: int) -> None:  # Lightning's own context manager (>= 2.5.1), doing the same
+        for _ in range(n):
+            for opt, body in pairs:
+                with module.toggled_optimizer(opt):
+                    opt.zero_grad()
+                    body()
+                    opt.step()
+
+    run = {"block": block, "manual": manual, "toggled": toggled}[variant]
 
     def per_toggle(n: int) -> None:
         run(n)
 
     return per_toggle
+
+
+def _ablate(without: str) -> None:
+    """Take guarantees out of the block, to measure what each costs (``--without``): never for users.
+
+    ``watch``: the step watch (a step inside a block stepping on exit is refused); ``compile``: the
+    ``torch.compiler.disable`` of the entry points (torch.compile runs the block eagerly); ``guard``:
+    the exit guard (Ctrl-C at the first line of ``__exit__``); ``overrides``: the check of the
+    user's own ``untoggle_optimizer`` at the exit."""
+    import inspect
+    import types
+    import weakref
+
+    from lightning.pytorch import LightningModule
+
+    from toggleshim import _block, _toggle
+
+    names = set(filter(None, without.split("+")))
+    if "watch" in names:
+        _block.Toggle._watch_steps = lambda self, inner: None  # type: ignore[method-assign]
+    if "compile" in names:
+        _block.Toggle.__enter__ = inspect.unwrap(_block.Toggle.__enter__)  # type: ignore[method-assign]
+        _block.Toggle._exit = inspect.unwrap(vars(_block.Toggle)["_exit"])  # type: ignore[method-assign]
+        for name in ("toggle_optimizer", "untoggle_optimizer"):
+            fn = vars(LightningModule)[name]
+            plain = inspect.unwrap(fn)
+            for mark in ("_toggleshim_original", "_toggleshim_mode"):
+                setattr(plain, mark, getattr(fn, mark))
+            plain._toggleshim_self = weakref.ref(plain)  # type: ignore[attr-defined]
+            setattr(LightningModule, name, plain)
+    if "guard" in names:
+        class Unguarded:
+            def __get__(self, toggle: object, cls: object = None) -> object:
+                return types.MethodType(vars(_block.Toggle)["_exit"], toggle)
+
+        _block.Toggle.__exit__ = Unguarded()  # type: ignore[assignment,method-assign]
+    if "overrides" in names:
+        _toggle.users = lambda module, name: None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--body", default="grad,none", help="bodies: grad, none (comma-separated)")
     p.add_argument("--runs", type=int, default=7, help="pairs of processes per row (default 7)")
     p.add_argument("--seconds", type=float, default=1.0, help="CPU seconds timed per process (default 1)")
+    p.add_argument("--without", default="", help="measurement only: the block without watch+compile+guard+overrides")
     args = p.parse_args(argv)
     command = "python benchmarks/block_vs_manual.py " + " ".join(argv)
     lines = [header(command.strip()), "",
@@ -112,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for n in (int(x) for x in args.params.split(",")):
         for body in args.body.split(","):
-            options = {"params": str(n), "opts": str(args.opts), "body": body, "seconds": str(args.seconds)}
+            options = {"params": str(n), "opts": str(args.opts), "body": body, "seconds": str(args.seconds),
+                       "without": args.without}
             r = compare(__file__, "toggle", "block", "manual", options, args.runs)
             target = TARGETS.get(n, 1.00)
             failed |= r.ratio > target

@@ -658,10 +658,13 @@ def toggle(module: Any, optimizer: Any, opts: Sequence[Any]) -> _Made:
         if plan.inside and state.ids is not None:  # one for an optimizer outside trainer.optimizers is made anew
             state.plans[key] = plan
     managed: tuple[Any, ...] = plan.managed(layout)
-    vals: tuple[bool, ...] = tuple(map(_requires_grad, managed))
     previous = module.__dict__.get(RECORD, MISSING)
     stack = state.stack
     if not stack:  # exactly Lightning's toggle: freeze all but the toggled optimizer's parameters
+        # the record, dict(zip(managed, requires_grad)): each parameter read and hashed once (its
+        # __hash__ is Python's, the largest cost of a toggle from 100 parameters)
+        record = dict(zip(managed, map(_requires_grad, managed)))
+        vals: tuple[bool, ...] = tuple(record.values())
         flat: _Flat = _new(_Flat)
         flat.module, flat.state, flat.optimizer, flat.inner = module, state, optimizer, inner
         flat.plan, flat.layout, flat.managed, flat.vals = plan, layout, managed, vals
@@ -670,11 +673,12 @@ def toggle(module: Any, optimizer: Any, opts: Sequence[Any]) -> _Made:
         # A statement toggle still open (a record not yet emptied by an untoggle): entered, this
         # toggle nests inside it (_Flat.nested); as a statement it stays Lightning's flat toggle.
         flat.outer = _open_statement(state, previous) if state.flat_record == id(previous) and previous else None
-        flat.record = record = dict(zip(managed, vals))
+        flat.record = record
         apply(module, plan.free(managed), repeat(False), plan.free(vals), record, previous)
         state.flat_record, state.flat_own, state.flat = id(record), plan.own_mask, _ref(flat)
         return flat
     # Nested: the same toggle from the user's view, undone on leaving.
+    vals = tuple(map(_requires_grad, managed))
     nested: _Nested = _new(_Nested)
     nested.module, nested.state, nested.optimizer, nested.inner = module, state, optimizer, inner
     nested.plan, nested.managed, nested.entry, nested.prev_record = plan, managed, vals, previous
