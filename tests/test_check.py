@@ -91,7 +91,8 @@ def test_check_catches_a_shim_that_bypasses_the_modules_own_untoggle() -> None:
     """A shim whose block exit calls Lightning's untoggle where the module's class overrides it: the
     own-methods properties fail, in every flavour and under Trainer.fit; the properties that draw no
     overrides pass (which is why they exist). Their counterexamples reproduce it as printed."""
-    code = _PLANTED + "import sys\nfrom toggleshim.__main__ import main\nsys.exit(main(['check', '--json', '-']))\n"
+    code = _PLANTED + ("import sys\nfrom toggleshim.__main__ import main\n"
+                       "sys.exit(main(['check', '--examples', '20', '--json', '-']))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)

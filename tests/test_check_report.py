@@ -186,6 +186,7 @@ def test_every_world_renders_as_the_python_that_builds_it(prop: Any) -> None:
         assert all(len(line) <= WIDTH for line in render(spec).splitlines() if "'y' * " not in line)
 
 
+@pytest.mark.one_flavour_by_default
 def test_every_hand_picked_and_some_drawn_worlds_run_as_printed(flavour: str, tmp_path: Path) -> None:
     """On the installed Lightning each passes: the imports printed are all a snippet needs."""
     cases = [(p, spec) for p in PROPERTIES for spec in [*p.hand_picked(), *_drawn(p, 3)]]

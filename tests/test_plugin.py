@@ -92,11 +92,11 @@ def test_plugin_strict_fails_the_session_on_unverified_code(tmp_path: Path) -> N
     work = project(tmp_path / "project")
     args = ["--toggleshim-check-examples", "2", "--toggleshim-check-flavour", "lightning.pytorch"]
     env = user_env(release)
-    strict, plain = (
-        subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", flag, *args], cwd=work,
-                       capture_output=True, text=True, env=env, timeout=300)
-        for flag in ("--toggleshim-check-strict", "--toggleshim-check")
-    )
+    procs = [subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", flag, *args], cwd=work,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for flag in ("--toggleshim-check-strict", "--toggleshim-check")]  # at once: each a fresh session
+    outputs = [p.communicate(timeout=300) for p in procs]
+    strict, plain = (subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outputs))
     assert strict.returncode == 1 and plain.returncode == 0, strict.stdout + plain.stdout
     for proc in (strict, plain):
         assert "1 passed" in proc.stdout

@@ -1,8 +1,9 @@
 """Where the patch is made: ``LightningModule.toggle_optimizer`` / ``untoggle_optimizer`` on every flavour.
 
 The gate is code identity, not version numbers: a flavour whose two methods are Lightning's own and
-fingerprint (``_fingerprint.py``) as code toggleshim verified (``_known.py``, every release of the matrix)
-gets the shim, whatever its version says. Lightning's own methods with code not verified get the
+fingerprint (``_fingerprint.py``) as code toggleshim verified (``_known.py``, every release of the matrix),
+or as code certified for the user's project by ``toggleshim certify`` (``_certify.py``), gets the shim,
+whatever its version says. Lightning's own methods with code not verified get the
 fallback (``_block.make_fallback``: the block runs that Lightning's own sequence; nesting raises a clear
 error).
 Anything else (someone else's patch, a missing method, a signature without ``(self, optimizer)``) is

@@ -102,27 +102,29 @@ def _ints(values: tuple[int, ...]) -> str:
     parts: list[str] = []
     i = 0
     while i < len(values):
-        j = i + 1
-        while j < len(values) and values[j] == values[i]:
-            j += 1
-        if j - i >= _RUN:
-            parts.append(f"*({values[i]},) * {j - i}")
-            i = j
-            continue
-        j = i + 1
-        while j < len(values) and values[j] == values[j - 1] + 1:
-            j += 1
-        if j - i >= _RUN:
-            parts.append(f"*range({values[i]}, {values[j - 1] + 1})")
-            i = j
-            continue
-        parts.append(str(values[i]))
-        i += 1
+        same, counting = _run_end(values, i, 0), _run_end(values, i, 1)
+        if same - i >= _RUN:
+            parts.append(f"*({values[i]},) * {same - i}")
+            i = same
+        elif counting - i >= _RUN:
+            parts.append(f"*range({values[i]}, {values[counting - 1] + 1})")
+            i = counting
+        else:
+            parts.append(str(values[i]))
+            i += 1
     if len(parts) == 1 and parts[0].startswith("*("):
         return parts[0][1:]  # (1,) * 300
     if len(parts) == 1 and parts[0].startswith("*range"):
         return f"tuple({parts[0][1:]})"
     return f"({parts[0]},)" if len(parts) == 1 else f"({', '.join(parts)})"
+
+
+def _run_end(values: tuple[int, ...], i: int, step: int) -> int:
+    """Where the run from ``values[i]`` ends, each value ``step`` more than the one before."""
+    j = i + 1
+    while j < len(values) and values[j] == values[j - 1] + step:
+        j += 1
+    return j
 
 
 def _flat(node: Any) -> str:
