@@ -63,6 +63,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 _SLOW_FIRST = frozenset({
     "test_lightning_suite.py", "test_spawn_amp.py", "test_migrate_overrides.py", "test_training.py",
     "test_packaging.py", "test_plugin.py", "test_cli.py", "test_import_order.py", "test_gate.py",
+    "test_certify.py", "test_check_report.py",
 })
 
 

@@ -9,7 +9,8 @@ the opt-in flag is given. ``-p no:toggleshim`` switches it off entirely.
 With the flag, the check runs once, at the end of the session (so it never changes what your tests
 see), in the controller process only under pytest-xdist. Its report is a section of the terminal
 summary; on a mismatch it holds the counterexample as a runnable snippet and the session's exit
-status is 1 even when every test passed.
+status is 1 even when every test passed. ``--toggleshim-check-strict`` (which implies the check) also
+fails the session on toggle code toggleshim has not verified (``check --strict``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="random worlds a property for --toggleshim-check (default 50)",
     )
     group.addoption(
+        "--toggleshim-check-strict",
+        action="store_true",
+        default=False,
+        help="--toggleshim-check, and fail the session also where a flavour's toggle code is not one toggleshim "
+        "verified (or certified for this project), even when every property passes",
+    )
+    group.addoption(
         "--toggleshim-check-flavour",
         action="append",
         metavar="NAME",
@@ -45,7 +53,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     # xdist workers carry `workerinput`: the check runs in the controller only.
-    if config.getoption("toggleshim_check") and not hasattr(config, "workerinput"):
+    wanted = config.getoption("toggleshim_check") or config.getoption("toggleshim_check_strict")
+    if wanted and not hasattr(config, "workerinput"):
         if config.getoption("toggleshim_check_examples") < 1:
             raise pytest.UsageError("--toggleshim-check-examples must be at least 1")
         from toggleshim._flavours import NAMES  # the flag was given: importing toggleshim is the point
@@ -79,6 +88,7 @@ class _SessionCheck:
                 self.config.getoption("toggleshim_check_flavour"),
                 None,
                 out,
+                strict=self.config.getoption("toggleshim_check_strict"),
             )
         except UsageError as exc:
             out.write(f"toggleshim check could not run: {exc}\n")

@@ -28,6 +28,14 @@ COSMETIC = (
     ('"""Makes sure only', '"""A reworded docstring. Makes sure only'),
     ("param_requires_grad_state = {}\n", "param_requires_grad_state = {}  # a new comment\n    # and another\n"),
 )
+#: semantics kept, code changed (a fingerprint of its own): one no-op line in toggle_optimizer
+NO_OP = ("        param_requires_grad_state = {}\n",
+         "        param_requires_grad_state = {}\n        pass  # a no-op line\n")
+#: another such change: the same no-op line in untoggle_optimizer
+NO_OP_UNTOGGLE = ("        # save memory\n", "        pass  # a no-op line\n        # save memory\n")
+#: a Lightning whose untoggle_optimizer does nothing at all
+UNTOGGLE_NOTHING = ('            optimizer: The optimizer to untoggle.\n\n        """\n',
+                    '            optimizer: The optimizer to untoggle.\n\n        """\n        return\n')
 _count = [0]
 
 
@@ -115,3 +123,45 @@ def fake_release(flavour: str, version: str = "2.7.0", changed: bool = False) ->
         for name, fn in saved.items():
             setattr(cls, name, fn)
         toggleshim.install()
+
+
+def release_tree(dest: Path, flavour: str, edits: tuple[tuple[str, str], ...] = (), version: str | None = None) -> Path:
+    """A copy of the installed ``flavour``'s package in ``dest`` with ``edits`` (old, new) made to the
+    source of its ``core/module.py`` (each must apply exactly once), and with ``version``, its
+    distribution's metadata saying so: ``dest`` first on ``PYTHONPATH``, a fresh process imports it
+    as that Lightning, exactly as if it were installed (``python -m toggleshim ...`` as users run it).
+    Returns ``dest``."""
+    import importlib.util
+    import re
+
+    top = flavour.split(".")[0]
+    spec = importlib.util.find_spec(top)
+    assert spec is not None and spec.origin is not None, top
+    package = Path(spec.origin).parent
+    shutil.copytree(package, dest / top, ignore=shutil.ignore_patterns("__pycache__"))
+    module = dest / top / Path(*flavour.split(".")[1:]) / "core" / "module.py"
+    text = module.read_text()
+    for old, new in edits:
+        if text.count(old) != 1:
+            raise ValueError(f"edit {old!r} applies {text.count(old)} times to {module} (once needed)")
+        text = text.replace(old, new)
+    module.write_text(text)
+    if version is not None:
+        dist = importlib.metadata.distribution("lightning" if top == "lightning" else "pytorch-lightning")
+        info = Path(str(dist._path))  # type: ignore[attr-defined]
+        copy = dest / re.sub(r"-[^-]+\.dist-info$", f"-{version}.dist-info", info.name)
+        shutil.copytree(info, copy)
+        metadata = copy / "METADATA"
+        metadata.write_text(re.sub(r"^Version: .*$", f"Version: {version}", metadata.read_text(), count=1,
+                                   flags=re.MULTILINE))
+    return dest
+
+
+def user_env(*paths: Path) -> dict[str, str]:
+    """The environment of a user's fresh process whose ``PYTHONPATH`` starts with ``paths`` (a
+    :func:`release_tree`), then this directory; nothing of the test session's (pytest, Hypothesis,
+    toggleshim variables such as ``TOGGLESHIM_CERTIFIED``)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TOGGLESHIM_", "HYPOTHESIS_"))}
+    return {**env, "PYTHONPATH": os.pathsep.join([*map(str, paths), str(Path(__file__).parent)]), "COLUMNS": "200"}

@@ -13,7 +13,7 @@ import pytest
 
 import toggleshim
 from toggleshim.__main__ import main
-from toggleshim.testing import Mismatch, mutants
+from toggleshim.testing import Mismatch, installed_flavours, mutants
 
 FAST = ["--examples", "12", "--property", "lightning-semantics"]  # the property that watches Lightning itself
 
@@ -42,7 +42,7 @@ def test_check_passes_on_unaltered_lightning(flavour: str, tmp_path: Any, capsys
     data = json.loads(report.read_text())
     assert data["ok"] and data["flavours"] == [flavour]
     assert {p["prop"] for p in data["properties"]} == {"lightning-semantics", "block-equals-manual", "nesting",
-                                                        "trainer"}
+                                                        "trainer", "own-methods", "own-methods-trainer"}
     assert all(p["verdict"] == "pass" and p["examples"] > 0 for p in data["properties"])
     assert {"toggleshim", "torch", "python"} <= set(data["versions"])
     out = capsys.readouterr().out
@@ -79,3 +79,31 @@ def test_check_fails_when_lightning_changes_toggling(
 def test_console_script_and_module_agree() -> None:
     proc = subprocess.run([sys.executable, "-m", "toggleshim", "check", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "--examples" in proc.stdout and "--json" in proc.stdout
+
+
+# the module's own methods (issue 36, point 1)
+
+_SHIM_BUG = "the exit bypasses an overridden untoggle_optimizer"
+_PLANTED = f"from toggleshim.testing import mutants\nmutants.apply({_SHIM_BUG!r})\n"
+
+
+def test_check_catches_a_shim_that_bypasses_the_modules_own_untoggle() -> None:
+    """A shim whose block exit calls Lightning's untoggle where the module's class overrides it: the
+    own-methods properties fail, in every flavour and under Trainer.fit; the properties that draw no
+    overrides pass (which is why they exist). Their counterexamples reproduce it as printed."""
+    code = _PLANTED + ("import sys\nfrom toggleshim.__main__ import main\n"
+                       "sys.exit(main(['check', '--examples', '20', '--json', '-']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    verdicts = {(p["flavour"], p["prop"]): p["verdict"] for p in report["properties"]}
+    for (flavour, prop), verdict in verdicts.items():
+        assert verdict == ("FAIL" if prop.startswith("own-methods") else "pass"), (flavour, prop, verdict)
+    assert {f for f, _ in verdicts} == set(installed_flavours())
+    assert "MISMATCH in" in proc.stderr and "/ own-methods [" in proc.stderr and "Overrides(" in proc.stderr
+    failed = [p for p in report["properties"] if p["verdict"] == "FAIL"]
+    for p in failed[:2]:  # each property's snippet, in a fresh process with the shim's bug planted
+        run = subprocess.run([sys.executable, "-c", _PLANTED + p["snippet"]], capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 1 and "Mismatch" in run.stderr, run.stderr
+        assert p["message"].split(": ", 1)[1] in run.stderr, (p["message"], run.stderr)

@@ -10,14 +10,13 @@ import json
 import logging
 import os
 import re
-import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _terminal import run_on_pty
 
 from toggleshim.__main__ import FLAVOURS, PROPERTIES, run_check
 
@@ -40,36 +39,6 @@ def run_many(commands: list[list[str]]) -> list[subprocess.CompletedProcess[str]
         out, err = p.communicate(timeout=300)
         done.append(subprocess.CompletedProcess(c, p.returncode, out, err))
     return done
-
-
-def run_on_pty(args: list[str], timeout: float = 300, cwd: Path | None = None,
-               env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run ``args`` with stdin/stdout/stderr on a pseudo-terminal; (exit status, everything it wrote)."""
-    master, slave = os.openpty()
-    proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=env or ENV, close_fds=True, cwd=cwd)
-    os.close(slave)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 1.0)
-            if not ready:
-                if proc.poll() is not None:
-                    break
-                continue
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not data:
-                break
-            chunks.append(data)
-        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
-    return rc, b"".join(chunks).decode(errors="replace")
 
 
 # usage errors: exit 2, the valid names listed, nothing run
@@ -121,7 +90,7 @@ def test_flavour_in_a_fresh_process_piped_with_json(flavour: str) -> None:
     assert f"{sum(ran)} examples in" in proc.stderr  # the summary counts what ran, as the JSON does
     # the header says what a property runs, and each line shows what ran: its hand-picked worlds, then
     # the random ones the header announced (the trainer property: a tenth, at least one)
-    assert "then 3 random ones (trainer 1: each runs a Trainer.fit)" in proc.stderr, proc.stderr
+    assert "then 3 random ones (trainer 1, own-methods-trainer 1: each runs a Trainer.fit)" in proc.stderr, proc.stderr
     for p, spec in zip(props, PROPERTIES):
         random = spec.random(3)
         assert p["hand_picked"] == len(spec.hand_picked()) and p["examples"] == p["hand_picked"] + random, p

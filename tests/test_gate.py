@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -85,8 +86,13 @@ def test_unverified_code_gives_one_warning_naming_the_version(flavour: str) -> N
     with fake_release(flavour, changed=True) as messages:
         assert len(messages) == 1, messages
         (msg,) = messages
+        # the way forward: each choice with its exact command
+        last = max((r.split()[1] for rs in KNOWN.values() for r in rs if r.split()[0] == dist),
+                   key=lambda v: tuple(map(int, re.findall(r"\d+", v))))
         for words in (f"{dist} 2.7.0", flavour, "toggle_optimizer code differs", "Lightning's own sequence",
-                      "python -m toggleshim check", "pin Lightning", "report"):
+                      f'pin the last release toggleshim verified (`pip install "{dist}=={last}"`)',
+                      "upgrade toggleshim", "(`pip install --upgrade toggleshim`)",
+                      "certify this Lightning for your project", "(`python -m toggleshim certify`)"):
             assert words in msg, (words, msg)
         cls = pl(flavour).LightningModule
         assert _patch._mode(_flavour_obj(flavour)) == "fallback" and not toggleshim.is_installed()

@@ -19,6 +19,7 @@ WRONG_TOGGLE = "from toggleshim.testing import mutants\nmutants.apply('toggle un
 
 
 def project(tmp_path: Path, conftest: str = "") -> Path:
+    tmp_path.mkdir(exist_ok=True)
     (tmp_path / "test_user.py").write_text(USER_TEST)
     if conftest:
         (tmp_path / "conftest.py").write_text(conftest)
@@ -79,3 +80,26 @@ def test_an_unknown_flavour_is_a_usage_error_naming_the_known_ones(tmp_path: Pat
     proc = pytest_in(project(tmp_path), "--toggleshim-check", "--toggleshim-check-flavour", "lightning")
     assert proc.returncode == 4, proc.stdout + proc.stderr  # pytest's usage error
     assert "--toggleshim-check-flavour lightning" in proc.stderr and all(n in proc.stderr for n in NAMES)
+
+
+def test_plugin_strict_fails_the_session_on_unverified_code(tmp_path: Path) -> None:
+    """``--toggleshim-check-strict`` (the check implied): on a Lightning with a no-op line in its toggle
+    code (unverified, every property passes) the session fails although every test passed; the plain
+    check passes it, naming the choices in both."""
+    from _fake_release import NO_OP, release_tree, user_env
+
+    release = release_tree(tmp_path / "release", "lightning.pytorch", (NO_OP,), "2.7.0")
+    work = project(tmp_path / "project")
+    args = ["--toggleshim-check-examples", "2", "--toggleshim-check-flavour", "lightning.pytorch"]
+    env = user_env(release)
+    procs = [subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", flag, *args], cwd=work,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for flag in ("--toggleshim-check-strict", "--toggleshim-check")]  # at once: each a fresh session
+    outputs = [p.communicate(timeout=300) for p in procs]
+    strict, plain = (subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outputs))
+    assert strict.returncode == 1 and plain.returncode == 0, strict.stdout + plain.stdout
+    for proc in (strict, plain):
+        assert "1 passed" in proc.stdout
+        summary = proc.stdout.split("toggleshim check", 1)[1]
+        assert "Your choices:" in summary and "python -m toggleshim certify" in summary
+    assert "FAILED (--strict)" in strict.stdout and "OK: 6 passed" in plain.stdout

@@ -1,8 +1,9 @@
 """Where the patch is made: ``LightningModule.toggle_optimizer`` / ``untoggle_optimizer`` on every flavour.
 
 The gate is code identity, not version numbers: a flavour whose two methods are Lightning's own and
-fingerprint (``_fingerprint.py``) as code toggleshim verified (``_known.py``, every release of the matrix)
-gets the shim, whatever its version says. Lightning's own methods with code not verified get the
+fingerprint (``_fingerprint.py``) as code toggleshim verified (``_known.py``, every release of the matrix),
+or as code certified for the user's project by ``toggleshim certify`` (``_certify.py``), gets the shim,
+whatever its version says. Lightning's own methods with code not verified get the
 fallback (``_block.make_fallback``: the block runs that Lightning's own sequence; nesting raises a clear
 error).
 Anything else (someone else's patch, a missing method, a signature without ``(self, optimizer)``) is
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, NamedTuple
 
-from toggleshim import _block, _compile, _spawn
+from toggleshim import _block, _certify, _compile, _spawn
 from toggleshim._block import FLAGS, Toggle, make_fallback
 from toggleshim._fingerprint import fingerprint_function
 from toggleshim._flavours import FLAVOURS, Flavour
@@ -341,13 +342,17 @@ def _classify(flavour: _Flavour) -> Verdict:
     seen = KNOWN.get((toggle, untoggle))
     if seen is not None:
         return Verdict("shim", f"toggle code verified: identical to the verified releases of {_ranges(seen)}")
+    certificate = _certify.lookup(toggle, untoggle, _label(flavour))  # `toggleshim certify`'s, in the project
+    if certificate.certified:
+        return Verdict("shim", certificate.reason)
     differs = [
         name for i, (name, fp) in enumerate(zip(_PATCHED, (toggle, untoggle))) if all(fp != pair[i] for pair in KNOWN)
     ]
     what = " and ".join(differs) or "pairing of toggle_optimizer and untoggle_optimizer"
     return Verdict("fallback", (
         f"its {what} code differs from every release toggleshim verified "
-        f"(fingerprints {toggle[:12]}, {untoggle[:12]}; toggleshim/_known.py lists the verified ones)"
+        f"(fingerprints {toggle[:12]}, {untoggle[:12]}; toggleshim/_known.py lists the verified ones"
+        + (f"; {certificate.reason})" if certificate.reason else ")")
     ))
 
 
@@ -516,8 +521,8 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> d
             _warn(
                 f"toggleshim: {_label(flavour)}: {reason}. `with self.toggle_optimizer(opt):` runs "
                 "Lightning's own sequence there (its toggle; zero_grad; the block; step; its untoggle in "
-                "`finally`), statements stay Lightning's own, and nested blocks raise an error. Run "
-                "`python -m toggleshim check`, pin Lightning to a release toggleshim verified, and report it.",
+                "`finally`), statements stay Lightning's own, and nested blocks raise an error. "
+                + _certify.choices_sentence(flavour.distribution, flavour.version, None not in _fingerprints(found)),
                 stacklevel + 1,
                 kept,
             )

@@ -29,11 +29,13 @@ from toggleshim.testing.harness import (
     user_world,
 )
 from toggleshim.testing.model import ToggleModel, expected_calls, lightning_toggle, lightning_untoggle
+from toggleshim.testing.report import trusting_unverified
 from toggleshim.testing.specs import (
     FLAT_EXAMPLES,
     NESTED_EXAMPLES,
     USER_CLASS_EXAMPLES,
     Backward,
+    BadFlag,
     Block,
     EditRecord,
     GraphSpec,
@@ -41,8 +43,10 @@ from toggleshim.testing.specs import (
     OptimizerSpec,
     Overrides,
     Raise,
+    ReplaceRecord,
     SetRequiresGrad,
     Statement,
+    Untoggle,
     WorldSpec,
     graphs,
     optimizer_partitions,
@@ -56,6 +60,7 @@ __all__ = [
     "NESTED_EXAMPLES",
     "USER_CLASS_EXAMPLES",
     "Backward",
+    "BadFlag",
     "Block",
     "EditRecord",
     "GraphSpec",
@@ -66,10 +71,12 @@ __all__ = [
     "OptimizerSpec",
     "Overrides",
     "Raise",
+    "ReplaceRecord",
     "SetRequiresGrad",
     "ShimDriver",
     "Statement",
     "ToggleModel",
+    "Untoggle",
     "World",
     "WorldSpec",
     "assert_lightning_follows_model",
@@ -87,6 +94,7 @@ __all__ = [
     "optimizer_partitions",
     "programs",
     "run_program",
+    "trusting_unverified",
     "user_world",
     "worlds",
 ]

@@ -28,6 +28,7 @@ from toggleshim._block import Toggle, toggle
 from toggleshim._flavours import NAMES, of_module
 from toggleshim._ours import MODE, original_of
 from toggleshim.testing import model as _model
+from toggleshim.testing.report import bounded, compact_record
 from toggleshim.testing.specs import (
     SYNC_FAULTS,
     Backward,
@@ -62,7 +63,12 @@ class InjectedFault(Exception):
 
 
 class Mismatch(AssertionError):
-    """Two worlds, or a world and the model, disagree; the message says where and what."""
+    """Two worlds, or a world and the model, disagree; the message says where and what (a long list
+    of differences as a count and a few: ``details`` holds every one)."""
+
+    def __init__(self, message: str = "", details: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.details = tuple(details)
 
 
 class _RecordLookalike(dict):  # type: ignore[type-arg]
@@ -721,7 +727,7 @@ class _Runner:
                 for i, (got, want) in enumerate(zip(snap.requires_grad, m.rg))
                 if got != want
             ]
-            raise Mismatch(f"{self.driver.name} world at {snap.where}: " + "; ".join(diff))
+            raise Mismatch(f"{self.driver.name} world at {snap.where}: " + bounded(diff, "parameters"), diff)
         if snap.sync_blocked is not None and snap.sync_blocked != m.sync_blocked():
             raise Mismatch(
                 f"{self.driver.name} world at {snap.where}: gradient sync is "
@@ -736,8 +742,8 @@ class _Runner:
         want_record = None if m.record is None else tuple(m.record.items())
         if snap.record != want_record:
             raise Mismatch(
-                f"{self.driver.name} world at {snap.where}: _param_requires_grad_state is {snap.record}, "
-                f"the model says {want_record}"
+                f"{self.driver.name} world at {snap.where}: _param_requires_grad_state is "
+                f"{compact_record(snap.record, want_record)}, the model says {compact_record(want_record, snap.record)}"
             )
 
     # -- ops --
@@ -1014,7 +1020,8 @@ def compare_runs(a: Run, b: Run, world: World | None = None) -> None:
                     f"world and {'trainable' if y else 'frozen'} in the other"
                 )
         if sa.record != sb.record:
-            raise Mismatch(f"at {where}, _param_requires_grad_state differs: {sa.record} vs {sb.record}")
+            raise Mismatch(f"at {where}, _param_requires_grad_state differs: {compact_record(sa.record, sb.record)} "
+                           f"vs {compact_record(sb.record, sa.record)}")
         if sa.sync_blocked != sb.sync_blocked:
             raise Mismatch(f"at {where}, gradient sync is blocked in one world and not in the other")
         if sa.record_reads != sb.record_reads:
@@ -1092,6 +1099,7 @@ def run_in_trainer(
             _graph_terms(self, inputs),
             _optimizer_params(optimizers, params),
             global_step=lambda: int(self.trainer.global_step),
+            overrides=spec.overrides,  # the module's class overrides toggle/untoggle_optimizer
         )
         world.instrument()
         try:
