@@ -166,7 +166,7 @@ def user_module_class(flavour: str, overrides: Overrides) -> type:
     own, as ``overrides`` draws them: on the class or set on each instance, plain functions or
     ``functools.wraps`` wrappers. Their ``super()`` is Lightning's own method in the manual world
     (``module._lightning_super``: the reference sequence runs under Lightning's methods alone), the
-    class's (toggleshim's, where installed) otherwise; ``"lightning"`` calls Lightning's own in both."""
+    class's (toggleshim's, where installed) otherwise; ``"original"`` calls Lightning's own in both."""
     base = graph_module_class(flavour)
     lightning = _flavour_module(flavour).LightningModule
     ov = overrides
@@ -176,7 +176,7 @@ def user_module_class(flavour: str, overrides: Overrides) -> type:
         return original_of(fn) or fn  # type: ignore[no-any-return]
 
     def parent(self: Any, name: str) -> Callable[..., Any]:
-        if self._lightning_super or getattr(ov, name.split("_")[0]) == "lightning":
+        if self._lightning_super or getattr(ov, name.split("_")[0]) == "original":
             return functools.partial(lightnings(name), self)
         return getattr(super(cls, self), name)  # type: ignore[no-any-return]
 
@@ -188,7 +188,7 @@ def user_module_class(flavour: str, overrides: Overrides) -> type:
     def wrapped(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         if ov.wraps is None:
             return fn
-        return functools.wraps(lightnings(name) if ov.wraps == "lightning" else vars(lightning)[name])(fn)
+        return functools.wraps(lightnings(name) if ov.wraps == "original" else vars(lightning)[name])(fn)
 
     methods: dict[str, Any] = {}
     if ov.toggle:
@@ -196,7 +196,7 @@ def user_module_class(flavour: str, overrides: Overrides) -> type:
             self.override_log.append("toggle")
             made = None
             if ov.toggle != "own":
-                own = {} if self._lightning_super or ov.toggle == "lightning" else {**flags, **dict(ov.super_flags)}
+                own = {} if self._lightning_super or ov.toggle == "original" else {**flags, **dict(ov.super_flags)}
                 made = parent(self, "toggle_optimizer")(optimizer, **own)
             write(self, ov.toggle_sets)
             return made if ov.toggle == "super" else None
@@ -539,7 +539,7 @@ def _kind(world: World, op: Block) -> str:
     """What a block of ``op`` is over, as its repr names it: the module's own toggle (an override that
     never calls ``super()``: one that returns None has its ``super()``'s toggle caught), the fallback
     (unverified Lightning code), or toggleshim's toggle of the optimizer passed (its class's name)."""
-    if world.overrides is not None and world.overrides.toggle in ("own", "lightning"):
+    if world.overrides is not None and world.overrides.toggle in ("own", "original"):
         return "own"
     if _fallback(world.module):
         return "fallback"

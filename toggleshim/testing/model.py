@@ -217,7 +217,7 @@ class ToggleModel:
         around Lightning's own (then toggleshim's state knows nothing of it)."""
         ov = self.overrides
         frame = None
-        if ov is not None and ov.toggle == "lightning" and not self.lightning:
+        if ov is not None and ov.toggle == "original" and not self.lightning:
             self.record = lightning_toggle(self.rg, self.optimizers, k)
         elif ov is None or ov.toggle != "own":
             frame = self.toggle(k)
@@ -229,7 +229,7 @@ class ToggleModel:
         """``module.untoggle_optimizer(opt[k])`` as a statement: the override around ``super()``'s, or
         around Lightning's own (toggleshim's open statement toggle, if any, stays open)."""
         ov = self.overrides
-        if ov is not None and ov.untoggle == "lightning" and not self.lightning:
+        if ov is not None and ov.untoggle == "original" and not self.lightning:
             self._lightnings_untoggle(k)
         elif ov is None or ov.untoggle != "own":
             self.untoggle(k)
@@ -248,7 +248,7 @@ class ToggleModel:
         sequence around the toggle it made."""
         frame = self.toggle_call(k)
         ov = self.overrides
-        if ov is not None and (ov.toggle in ("own", "lightning") or (ov.toggle == "none" and self.lightning)):
+        if ov is not None and (ov.toggle in ("own", "original") or (ov.toggle == "none" and self.lightning)):
             return Frame(k, nested=False, user={}, own_block=True)
         assert frame is not None
         return frame
@@ -359,7 +359,7 @@ class ToggleModel:
         if frame.entered:
             self.nest(frame)  # entered, nested inside a statement toggle before its entry could fail
         ov = self.overrides
-        if ov is not None and ov.untoggle == "lightning" and not self.lightning:
+        if ov is not None and ov.untoggle == "original" and not self.lightning:
             self._lightnings_untoggle(frame.k)  # the override, not toggleshim's untoggle: then let go
             self._forget(frame)
         elif ov is not None and ov.untoggle == "own":

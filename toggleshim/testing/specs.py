@@ -237,15 +237,15 @@ class Overrides:
     """The module's own ``toggle_optimizer`` / ``untoggle_optimizer``, as users write them.
 
     ``toggle``: ``"super"`` (calls ``super().toggle_optimizer`` and returns its result), ``"none"``
-    (calls it, returns None), ``"own"`` (never calls it: toggles by itself), ``"lightning"`` (calls
+    (calls it, returns None), ``"own"`` (never calls it: toggles by itself), ``"original"`` (calls
     Lightning's own method directly: a decorator applied before ``import toggleshim`` wraps it);
-    ``untoggle``: ``"super"``, ``"own"`` or ``"lightning"``; None: not overridden. ``toggle_sets`` /
+    ``untoggle``: ``"super"``, ``"own"`` or ``"original"``; None: not overridden. ``toggle_sets`` /
     ``untoggle_sets``: ``(parameter, value)`` written after that call (or in its place), parameters in
     or outside the optimizers. ``super_flags``: the flags the toggle passes to ``super()`` of its own
     (``zero_grad=False, step=last``: accumulation in an override), over those it was given.
     ``on_instance``: the methods are set on the instance (``mock.patch.object``, per-object patches),
     not the class. ``wraps``: each is a ``functools.wraps`` wrapper carrying the name, module and
-    attributes of Lightning's own method (``"lightning"``: made before ``import toggleshim``) or of
+    attributes of Lightning's own method (``"original"``: made before ``import toggleshim``) or of
     toggleshim's (``"ours"``: made after). Every call is recorded on the module (``override_log``)."""
 
     toggle: str | None = None
@@ -486,15 +486,15 @@ def overrides(draw: st.DrawFn, n_params: int) -> Overrides:
     optimizer or not); the toggle passing flags of its own to ``super()``; set on the class or on the
     instance; plain functions or ``functools.wraps`` wrappers (in both import orders)."""
     sets = st.lists(st.tuples(st.integers(0, n_params - 1), st.booleans()), max_size=2).map(tuple)
-    toggle = draw(st.sampled_from([None, "super", "super", "none", "own", "lightning"]), label="toggle override")
-    kinds = ["super", "super", "own", "lightning"]
+    toggle = draw(st.sampled_from([None, "super", "super", "none", "own", "original"]), label="toggle override")
+    kinds = ["super", "super", "own", "original"]
     untoggle = draw(st.sampled_from([None, *kinds] if toggle else kinds), label="untoggle override")
     # each flag at most once, any value (two at most: every one of them is drawn in turn)
     flags = st.dictionaries(st.sampled_from(sorted(FLAG_DEFAULTS)), st.booleans(), max_size=2)
     super_flags = tuple(sorted(draw(flags).items())) if toggle in ("super", "none") else ()
     return Overrides(toggle, untoggle, draw(sets) if toggle else (), draw(sets) if untoggle else (), super_flags,
                      on_instance=draw(st.booleans(), label="on the instance"),
-                     wraps=draw(st.sampled_from([None, None, "lightning", "ours"]), label="functools.wraps of"))
+                     wraps=draw(st.sampled_from([None, None, "original", "ours"]), label="functools.wraps of"))
 
 
 def _method_entry_works(program: tuple[object, ...]) -> tuple[object, ...]:
@@ -546,7 +546,7 @@ def worlds(
     wrapped = tuple(k for k in range(len(optimizers)) if draw(st.booleans()))
     container = draw(st.sampled_from(["list", "list", "tuple", "list subclass"])) if hostile else "list"
     drawn = draw(overrides(n)) if user_class else None
-    if drawn is not None and drawn.toggle in ("none", "own", "lightning"):
+    if drawn is not None and drawn.toggle in ("none", "own", "original"):
         program = _method_entry_works(program)
     return WorldSpec(graph, frozen, optimizers, program, wrapped, container, drawn)
 
@@ -642,7 +642,7 @@ USER_CLASS_EXAMPLES = (
               (Block(0, (Backward((0,)),)), Statement(1, (Backward((1,)),)), Block(1, entry="toggle")),
               overrides=Overrides(toggle="super", untoggle="super", untoggle_sets=((0, False),), on_instance=True)),
     WorldSpec(_TWO, (), _SHARED, (Block(0, (Backward((0, 1)),), entry="toggle"), Block(1, entry="toggle")),
-              overrides=Overrides(toggle="lightning", untoggle="lightning", wraps="lightning")),
+              overrides=Overrides(toggle="original", untoggle="original", wraps="original")),
     WorldSpec(_TWO, (), _SHARED, (Block(0, (Block(1, (Backward((1,)),)),)), Block(1, entry="toggle")),
               overrides=Overrides(toggle="super", untoggle="super", wraps="ours", on_instance=True)),
 )
