@@ -17,17 +17,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import logging
 import os
 import platform
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
+from toggleshim import _certify  # the standard library only
 from toggleshim._flavours import FLAVOURS as REGISTRY
 from toggleshim._flavours import NAMES
 
@@ -486,6 +490,45 @@ def _advice_lines(unverified: list[str], results: list[_Result], choices: list[t
     return lines + [f"  - {what}: {command}" for what, command in choices]
 
 
+# -- the certificate `certify` writes (toggleshim/_certify.py reads it) ---------------------------
+
+_ROOTS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+_ABOUT = ("Lightning toggle code certified for this project by `python -m toggleshim certify`: every property "
+          "of `toggleshim check` passed on it. Written by toggleshim (docs/guard.md); an entry written by hand "
+          "certifies nothing that was checked.")
+
+
+def _certificate_target() -> Path:
+    """Where ``certify`` records: the certificate that applies here, else a new one at the project's
+    root (the nearest directory up with ``pyproject.toml``, ``setup.py``, ``setup.cfg`` or ``.git``),
+    else in the working directory."""
+    found = _certify.location()
+    if found is not None:
+        return found
+    cwd = _certify._cwd() or Path(".")
+    root = next((d for d in (cwd, *cwd.parents) if any((d / m).exists() for m in _ROOTS)), cwd)
+    return root / _certify.FILENAME
+
+
+def _write_certificate(path: Path, entries: list[dict[str, Any]]) -> None:
+    """Replace the certificate at ``path`` by ``entries``, whole (a reader never sees half a file)."""
+    text = json.dumps({"about": _ABOUT, "certified": entries}, indent=2) + "\n"
+    fd, temp = tempfile.mkstemp(prefix=f".{_certify.FILENAME}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def _certificate_entry(toggle: str, untoggle: str, **facts: Any) -> dict[str, Any]:
+    """A certificate entry for the pair, made by this toggleshim, today (``facts``: what ran)."""
+    return {"toggle_optimizer": toggle, "untoggle_optimizer": untoggle, "toggleshim": _certify.version(),
+            "date": datetime.date.today().isoformat(), **facts}
+
+
 def run_certify(examples: int = CERTIFY_EXAMPLES, seed: int = 0, flavours: list[str] | None = None,
                 out: TextIO | None = None) -> int:
     """``toggleshim certify``: the full check on every flavour (of ``flavours``) whose toggle code is not
@@ -495,7 +538,7 @@ def run_certify(examples: int = CERTIFY_EXAMPLES, seed: int = 0, flavours: list[
 
     out = out or sys.stdout
     names = _import_flavours(flavours)
-    path = _certify.target()
+    path = _certificate_target()
     try:
         existing = _certify.read(path)
     except _certify.CertificateError as exc:
@@ -534,7 +577,7 @@ def run_certify(examples: int = CERTIFY_EXAMPLES, seed: int = 0, flavours: list[
         out.write(f"\nNOT CERTIFIED: {len(failed)} of {len(report['properties'])} properties failed on "
                   f"{' and '.join(labels[n] for n in todo)} (above); nothing was recorded.\n")
         if len(kept) != len(existing):  # this very code, certified before by this toggleshim: no longer
-            _certify.write(path, kept)
+            _write_certificate(path, kept)
             out.write(f"Its earlier certificate in {path} is withdrawn.\n")
         refused_ = [f for f in _patch._flavours() if f.name in todo]
         choices = _certify.choices([(f.distribution, f.version) for f in refused_], certifiable=False)
@@ -544,12 +587,12 @@ def run_certify(examples: int = CERTIFY_EXAMPLES, seed: int = 0, flavours: list[
     for pair in pairs:
         flavours_ = [n for n, p in todo.items() if p == pair]
         worlds = sum(p["examples"] for p in report["properties"] if p["flavour"] in flavours_)
-        entries.append(_certify.entry(*pair, releases=[labels[n] for n in flavours_], examples=examples, seed=seed,
+        entries.append(_certificate_entry(*pair, releases=[labels[n] for n in flavours_], examples=examples, seed=seed,
                                       properties=[p.name for p in PROPERTIES], worlds=worlds))
         out.write(f"\nCERTIFIED: {' and '.join(labels[n] for n in flavours_)}: every property passed on its toggle "
                   f"code (fingerprints {pair[0][:12]}, {pair[1][:12]}; {len(PROPERTIES)} properties, {worlds} "
                   "worlds).\n")
-    _certify.write(path, kept + entries)
+    _write_certificate(path, kept + entries)
     where = (f"where ${_certify.ENV} names it" if os.environ.get(_certify.ENV)
              else f"started in {path.parent} or below (elsewhere: {_certify.ENV}={path})")
     out.write(f"Recorded in {path}: commit it with your project. From now on toggleshim installs the shim on this "

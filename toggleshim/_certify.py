@@ -8,9 +8,8 @@ said once by an INFO message on the ``toggleshim`` logger (nothing a warnings fi
 error); other code, or a certificate of another toggleshim version, stays unverified.
 
 Where the certificate is: the file ``$TOGGLESHIM_CERTIFIED`` names, else the nearest
-``toggleshim-certified.json`` in the working directory or above it. ``certify`` writes that file,
-or, when there is none, ``toggleshim-certified.json`` at the project's root (the nearest directory up
-with ``pyproject.toml``, ``setup.py``, ``setup.cfg`` or ``.git``; else the working directory).
+``toggleshim-certified.json`` in the working directory or above it (``certify``, in ``__main__``,
+writes it).
 
 Also here: the choices an unverified Lightning leaves (:func:`choices`), each with its command.
 Standard library only: ``import toggleshim`` reads this, on unverified code only.
@@ -18,32 +17,26 @@ Standard library only: ``import toggleshim`` reads this, on unverified code only
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import os
 import re
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from toggleshim._known import KNOWN
 
-__all__ = ["ENV", "FILENAME", "Lookup", "choices", "location", "lookup", "read", "target", "write"]
+__all__ = ["ENV", "FILENAME", "CertificateError", "Lookup", "choices", "location", "lookup", "read", "same_code"]
 
 FILENAME = "toggleshim-certified.json"
 ENV = "TOGGLESHIM_CERTIFIED"
-_ROOTS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
-_ABOUT = ("Lightning toggle code certified for this project by `python -m toggleshim certify`: every property "
-          "of `toggleshim check` passed on it. Written by toggleshim (docs/guard.md); an entry written by hand "
-          "certifies nothing that was checked.")
 _log = logging.getLogger("toggleshim")
 _announced: set[tuple[str, str, str]] = set()  # (toggle, untoggle, file) said at INFO level once a process
 
 
-def _version() -> str:
+def version() -> str:
     # toggleshim/__init__.py sets __version__ before its install() runs (which is what asks us)
     return str(getattr(sys.modules.get("toggleshim"), "__version__", "unknown"))
 
@@ -66,18 +59,6 @@ def location() -> Path | None:
         if (directory / FILENAME).is_file():
             return directory / FILENAME
     return None
-
-
-def target() -> Path:
-    """Where ``certify`` records: the certificate that applies here, else a new one at the project's
-    root (the nearest directory up with ``pyproject.toml``, ``setup.py``, ``setup.cfg`` or ``.git``),
-    else in the working directory."""
-    found = location()
-    if found is not None:
-        return found
-    cwd = _cwd() or Path(".")
-    root = next((d for d in (cwd, *cwd.parents) if any((d / m).exists() for m in _ROOTS)), cwd)
-    return root / FILENAME
 
 
 class CertificateError(ValueError):
@@ -109,28 +90,9 @@ def read(path: Path) -> list[dict[str, Any]]:
     return entries
 
 
-def write(path: Path, entries: list[dict[str, Any]]) -> None:
-    """Replace the certificate at ``path`` by ``entries``, whole (a reader never sees half a file)."""
-    text = json.dumps({"about": _ABOUT, "certified": entries}, indent=2) + "\n"
-    fd, temp = tempfile.mkstemp(prefix=f".{FILENAME}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
-def entry(toggle: str, untoggle: str, **facts: Any) -> dict[str, Any]:
-    """A certificate entry for the pair, made by this toggleshim, today (``facts``: what ran)."""
-    return {"toggle_optimizer": toggle, "untoggle_optimizer": untoggle, "toggleshim": _version(),
-            "date": datetime.date.today().isoformat(), **facts}
-
-
 def same_code(e: dict[str, Any], toggle: str, untoggle: str) -> bool:
     """``e`` is about this pair of methods, certified by this toggleshim version."""
-    return (e["toggle_optimizer"], e["untoggle_optimizer"], e["toggleshim"]) == (toggle, untoggle, _version())
+    return (e["toggle_optimizer"], e["untoggle_optimizer"], e["toggleshim"]) == (toggle, untoggle, version())
 
 
 @dataclass(frozen=True)
@@ -166,7 +128,7 @@ def lookup(toggle: str, untoggle: str, label: str) -> Lookup:
     others = sorted({e["toggleshim"] for e in entries
                      if (e["toggle_optimizer"], e["untoggle_optimizer"]) == (toggle, untoggle)})
     if others:
-        return Lookup(False, f"{path} certifies this code for toggleshim {', '.join(others)}, not {_version()}: "
+        return Lookup(False, f"{path} certifies this code for toggleshim {', '.join(others)}, not {version()}: "
                              "certify it again")
     return Lookup(False, f"{path} certifies other toggle code")
 

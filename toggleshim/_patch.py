@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, NamedTuple
 
-from toggleshim import _block, _certify, _compile, _spawn
+from toggleshim import _block, _certify, _spawn
 from toggleshim._block import FLAGS, Toggle, make_fallback
 from toggleshim._fingerprint import fingerprint_function
 from toggleshim._flavours import FLAVOURS, Flavour
@@ -415,9 +415,36 @@ def _make_untoggle(original: Any) -> Callable[..., Any]:
     return _finish(untoggle_optimizer, original, "shim")
 
 
+# torch.compile runs toggleshim's code eagerly: the entry points of a block (the patched methods, the
+# block's __enter__ and __exit__) are torch.compiler.disable'd, as Lightning's newest source does with
+# its own toggle. Traced, the toggle's bookkeeping would become dynamo guards (or an internal error of
+# dynamo's, over the module state it reads), and the zero_grad and step inside would be compiled;
+# disabled, dynamo breaks the graph at each and runs it, and all it calls, eagerly (~0.3 us a call).
+
+
+def _disabled(fn: Callable[..., Any], like: Any = None) -> Callable[..., Any]:
+    """``torch.compiler.disable(fn)``, with the options of ``like`` (Lightning's own marked method)."""
+    import torch
+
+    wrapped: Callable[..., Any] = torch.compiler.disable(  # type: ignore[no-untyped-call]
+        fn,
+        recursive=getattr(like, "_torchdynamo_disable_recursive", True),
+        reason=getattr(like, "_torchdynamo_disable_msg", None),
+    )
+    return wrapped
+
+
+def _keep_dynamo_out() -> None:
+    """The block's ``__enter__`` and ``__exit__`` run eagerly under torch.compile. Idempotent."""
+    for name in ("__enter__", "_exit"):
+        fn = vars(Toggle)[name]
+        if not getattr(fn, "_torchdynamo_disable", False):
+            setattr(Toggle, name, _disabled(fn))
+
+
 def _finish(replacement: Callable[..., Any], original: Any, mode: str) -> Callable[..., Any]:
     replacement.__qualname__ = f"LightningModule.{replacement.__name__}"
-    patched = _compile.disabled(replacement, like=original)  # torch.compile runs it eagerly
+    patched = _disabled(replacement, like=original)
     mark(patched, original, mode)
     return patched
 
@@ -449,7 +476,7 @@ def _warning_first(fallback: Callable[..., Any], name: str) -> Callable[..., Any
 
 def _callers_level() -> int:
     """The ``stacklevel`` of a warning from :func:`_emit_pending` that points at the code calling the
-    function that calls this one, past torch.compile's wrapper of it (``_compile.disabled``)."""
+    function that calls this one, past torch.compile's wrapper of it (:func:`_disabled`)."""
     frame: types.FrameType | None = sys._getframe(2)
     level = 3  # frames: _emit_pending, the function, its caller
     while frame is not None and _DYNAMO_FILES in frame.f_code.co_filename:
@@ -496,7 +523,7 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> d
     _hook(trust_unknown)
     flavours = _flavours()
     if flavours:
-        _compile.keep_dynamo_out()  # toggleshim's code, for torch.compile: Lightning has loaded torch by now
+        _keep_dynamo_out()  # Lightning has loaded torch by now
     verdicts: dict[str, Verdict] = {}
     for flavour in flavours:
         kept = flavour.name if defer else None

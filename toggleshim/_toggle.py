@@ -307,9 +307,9 @@ def refuse_nesting(module: Any, label: str) -> None:
             f"toggleshim: nested toggle_optimizer blocks are not available on {label}: its toggle code is not "
             "one toggleshim has verified, so `with self.toggle_optimizer(opt):` runs Lightning's own sequence "
             "(toggle; zero_grad; body; step; untoggle), and Lightning's own nested toggles freeze the inner "
-            "optimizer's parameters for good. Nothing was changed. Close the outer block first, or: run "
-            "`python -m toggleshim check`, pin Lightning to a release toggleshim verified, and report this "
-            "Lightning version to toggleshim."
+            "optimizer's parameters for good. Nothing was changed. Close the outer block first, or run "
+            "`python -m toggleshim check`: it names your choices (pin the last release toggleshim verified, "
+            "upgrade toggleshim, or certify this Lightning for your project: `python -m toggleshim certify`)."
         )
 
 
