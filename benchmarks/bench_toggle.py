@@ -1,73 +1,23 @@
 #!/usr/bin/env python
-"""Benchmark toggleshim's toggle against Lightning's own toggling (issue "Performance").
+"""What a block keeps, and how the harness runs: memory, weak references, long-lived processes.
 
 Run from the repository root::
 
-    python benchmarks/bench_toggle.py                 # full run (a few minutes on 2 cores)
-    python benchmarks/bench_toggle.py --quick         # fast smoke run
-    python benchmarks/bench_toggle.py --only ratios --json out.json
-    python benchmarks/bench_toggle.py --only profile  # cProfile of the block (not in the default run)
-    python benchmarks/bench_toggle.py --list          # the sections
+    python benchmarks/bench_toggle.py                  # the default sections: memory, weakref
+    python benchmarks/bench_toggle.py --only longlived # 10,000 LightningOptimizer wrappers, 100 head replacements
+    python benchmarks/bench_toggle.py --only harness   # the harness's speed (worlds a second)
+    python benchmarks/bench_toggle.py --only profile   # cProfile of the block
+    python benchmarks/bench_toggle.py --list           # the sections
 
-What is measured (section ``ratios``), per parameter count (``Parameter`` objects, each a
-``torch.zeros(4)``, registered through an ``nn.ParameterList`` and split into contiguous chunks, one
-per optimizer) and optimizer count (plain ``torch.optim.SGD``, small lr, no momentum). One timed
-"iteration" toggles every optimizer once in turn; times are reported per toggled optimizer.
+The block's speed against what a user runs instead is ``benchmarks/block_vs_manual.py`` (each variant
+in a process of its own: the anchor in a process without toggleshim); what ``import toggleshim`` costs
+code that never enters a block is ``benchmarks/footprint.py``. Nothing here compares speeds.
 
-* ``block``      ``with module.toggle_optimizer(opt): body()`` (toggleshim: toggle, zero_grad on entry,
-                 step on clean exit, untoggle);
-* ``manual``     Lightning's ORIGINAL functions called with the module: ``toggle(module, opt)``,
-                 ``opt.zero_grad()``, ``body()``, ``opt.step()``, ``untoggle(module, opt)``;
-* ``toggled``    Lightning's ``toggled_optimizer`` (lightning >= 2.5.1) with ``opt.zero_grad()``,
-                 ``body()``, ``opt.step()`` inside, running on Lightning's ORIGINAL toggle/untoggle
-                 (see ``_lightning_twin``);
-* ``statement``  patched ``module.toggle_optimizer(opt)`` + ``module.untoggle_optimizer(opt)``;
-* ``original``   Lightning's original ``toggle`` + ``untoggle`` (the statement pair without the shim).
-
-``body()`` is the same function object in every variant: with body ``grad`` it gives each of the
-optimizer's parameters a ``.grad`` (one shared, preallocated tensor), so ``opt.step()`` does a real
-SGD update of every parameter; with body ``none`` it does nothing (``step`` then skips every parameter:
-the numbers isolate toggling from SGD's per-parameter work, leaving the optimizer's fixed costs).
-``--body both`` (default) measures both. ``zero_grad`` runs after the toggle in every variant.
-
-The table also gives a ``floor`` per row: ``1 - original/manual``, the block/manual ratio that a toggle
-costing nothing would reach, since the rest of ``manual`` (zero_grad, body, step) is in every variant.
-
-``toggled_optimizer`` calls ``self.toggle_optimizer``, which is the *patched* method while toggleshim is
-installed. To time Lightning's own context manager, the ``toggled`` variant runs on a *twin* module: an
-instance of a subclass whose class attributes ``toggle_optimizer`` / ``untoggle_optimizer`` are the
-``_toggleshim_original`` functions (``install()`` never touches a subclass's own methods). The twin holds
-the very same ``ParameterList``, optimizers and trainer stand-in, so ``toggled_optimizer`` (inherited,
-unmodified) runs Lightning's exact code on exactly the same parameters; the only difference from the
-other variants is the Python object ``self`` is bound to. (Calling the generator with the originals by
-hand, or uninstalling the patch between rounds, would either re-implement Lightning's code or perturb
-the interleaving; the twin does neither.)
-
-Method: every variant is first run once with a checking body (the toggled optimizer's parameters are
-live inside, every other parameter is frozen, everything is live again afterwards, SGD moved the
-parameters). Each variant is calibrated to a batch of about ``--batch-ms`` (at least one iteration).
-All variants of one configuration (both bodies, each on its own fixture, and the statement pair) are
-then timed in the same rounds, one batch each per round, in a freshly shuffled (seeded) order every
-round so that no variant always runs first or always after the same neighbour; as many rounds as
-fit in ``--budget-s``, between ``--min-rounds`` and ``--rounds``. Per variant the median of the
-per-round times is taken; a ratio is the ratio of two medians (bold). In brackets: the median and
-interquartile range of the per-round ratios (both variants of a ratio ran in the same round), a noise
-gauge: when the two disagree, rounds were disturbed unevenly.
-
-The clock is the process's CPU time (``time.process_time_ns``; ``--clock wall`` for wall time): on a
-machine shared with other work, time spent waiting for a core is not charged to the variant that
-happened to be running. torch runs single-threaded (``--threads``; the tensors are far too small for
-intra-op parallelism, and idle pool threads could only add noise to a process-wide CPU clock). The
-cyclic garbage collector is off while a batch runs, as in ``timeit`` (``--gc`` keeps it on). Absolute
-microseconds are still noise; the ratios measured interleaved are the result.
-
-Other sections: ``memory`` (tracemalloc over 100,000 blocks after a warm-up, see ``run_memory``),
-``weakref`` (after its block a Toggle keeps nothing alive, with a positive control) and, opt-in,
-``profile`` (cProfile of the block).
-
-Sections (``--only NAME[,NAME]``; the default runs every section marked default): a section is a
-function registered with ``@section``; it takes the parsed arguments, returns its Markdown, and puts
-its numbers into the JSON report under its own name. Add new sections the same way.
+The fixture: ``Parameter`` objects, each a ``torch.zeros(4)``, in an ``nn.ParameterList``, split into
+contiguous chunks, one plain ``torch.optim.SGD`` per chunk, on a trainer stand-in exposing
+``optimizers``. Sections (``--only NAME[,NAME]``; the default runs every section marked default): a
+section is a function registered with ``@section``; it takes the parsed arguments, returns its
+Markdown, and puts its numbers into the JSON report under its own name.
 """
 
 from __future__ import annotations
@@ -79,7 +29,6 @@ import io
 import json
 import platform
 import pstats
-import random
 import statistics
 import sys
 import time
@@ -87,7 +36,6 @@ import tracemalloc
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +43,7 @@ import torch
 from torch import nn
 
 import toggleshim
-from toggleshim import _block, _toggle
+from toggleshim import _toggle
 
 try:
     from lightning.pytorch import LightningModule
@@ -267,49 +215,6 @@ def _variants(fx: Fixture) -> dict[str, Callable[[int], None]]:
     return found
 
 
-def check_fixture(fx: Fixture) -> None:
-    """Every variant toggles the same way: own parameters live inside, others frozen; all live after."""
-    all_params = [p for g in fx.groups for p in g]
-    seen: list[bool] = []
-
-    def checking(group: list[nn.Parameter], body: Callable[[], None]) -> Callable[[], None]:
-        own = {id(p) for p in group}
-
-        def checking_body() -> None:
-            seen.append(all(p.requires_grad is (id(p) in own) for p in all_params))
-            body()
-
-        return checking_body
-
-    by_hand = {  # the body-less variants: toggle, look, untoggle
-        "statement": (fx.module.toggle_optimizer, fx.module.untoggle_optimizer),
-        "original": (partial(ORIGINAL_TOGGLE, fx.module), partial(ORIGINAL_UNTOGGLE, fx.module)),
-    }
-    saved = fx.bodies
-    fx.bodies = [checking(g, b) for g, b in zip(fx.groups, saved, strict=True)]
-    try:
-        for name, run in _variants(fx).items():
-            seen.clear()
-            before = [p.detach().clone() for p in all_params]
-            run(1)
-            if name in by_hand:
-                toggle, untoggle = by_hand[name]
-                for opt, group in zip(fx.opts, fx.groups, strict=True):
-                    toggle(opt)
-                    checking(group, lambda: None)()
-                    untoggle(opt)
-            elif fx.body_kind == "grad":
-                moved = all(not torch.equal(b, p) for b, p in zip(before, all_params, strict=True))
-                assert moved, f"{name}: SGD did not update every parameter"
-            assert len(seen) == fx.n_opts and all(seen), f"{name}: wrong requires_grad while toggled"
-            assert all(p.requires_grad for p in all_params), f"{name}: not untoggled"
-            assert not fx.module.__dict__.get("_param_requires_grad_state"), f"{name}: record left"
-    finally:
-        fx.bodies = saved
-    # the twin's toggled_optimizer ran Lightning's originals: toggleshim never saw the twin
-    assert _toggle.state_if_any(fx.twin) is None, "toggled_optimizer went through toggleshim"
-
-
 # -- timing -----------------------------------------------------------------------------------
 
 CLOCKS = {"cpu": time.process_time_ns, "wall": time.perf_counter_ns}
@@ -345,274 +250,6 @@ def _quartiles(xs: list[float]) -> tuple[float, float]:
     q = statistics.quantiles(xs, n=4, method="inclusive")
     return q[0], q[2]
 
-
-def time_interleaved(variants: dict[str, Callable[[int], None]], per_iteration: int, max_rounds: int,
-                     min_rounds: int, budget_s: float, batch_s: float, keep_gc: bool) -> dict[str, Any]:
-    """Per-round seconds per toggled optimizer for each variant, alternating variants every round.
-
-    As many rounds as fit in ``budget_s`` of clock time, but at least ``min_rounds`` and at most
-    ``max_rounds`` (a batch is at least one iteration, so large configurations have long batches).
-    """
-    names = list(variants)
-    for run in variants.values():  # warm-up: plans built, lazy torch set-up done
-        run(2)
-    sizes, round_s = {}, 0.0
-    for name in names:
-        sizes[name] = _calibrate(variants[name], batch_s, keep_gc)
-        round_s += _time_batch(variants[name], sizes[name], keep_gc)
-    rounds = max(min_rounds, min(max_rounds, int(budget_s / max(round_s, 1e-9))))
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    rng = random.Random(len(names) * 1_000_003 + rounds)  # a fixed, reproducible order per round
-    for _ in range(rounds):
-        order = list(names)
-        rng.shuffle(order)
-        for name in order:
-            t = _time_batch(variants[name], sizes[name], keep_gc)
-            samples[name].append(t / (sizes[name] * per_iteration))
-    return {"rounds": rounds, "iterations_per_batch": sizes, "samples_s": samples,
-            "median_s": {k: statistics.median(v) for k, v in samples.items()}}
-
-
-def _ratio(timing: dict[str, Any], num: str, den: str) -> dict[str, float] | None:
-    med = timing["median_s"]
-    if num not in med or den not in med:
-        return None
-    per_round = [a / b for a, b in zip(timing["samples_s"][num], timing["samples_s"][den], strict=True)]
-    lo, hi = _quartiles(per_round)
-    return {"ratio": med[num] / med[den], "round_median": statistics.median(per_round),
-            "round_q1": lo, "round_q3": hi}
-
-
-def _fmt_ratio(r: dict[str, float] | None) -> str:
-    if r is None:
-        return "n/a"
-    return f"**{r['ratio']:.2f}** ({r['round_median']:.2f}; {r['round_q1']:.2f}-{r['round_q3']:.2f})"
-
-
-def _fmt_us(timing: dict[str, Any], name: str) -> str:
-    s = timing["median_s"].get(name)
-    return "n/a" if s is None else f"{s * 1e6:,.1f}"
-
-
-# -- section: ratios --------------------------------------------------------------------------
-
-BLOCK_VARIANTS = ("block", "manual", "toggled")
-STATEMENT_VARIANTS = ("statement", "original")
-
-
-@section("ratios")
-def run_ratios(args: argparse.Namespace, report: dict[str, Any]) -> str:
-    """Block / statement against Lightning's originals, interleaved, ratio of medians."""
-    if args.runs > 1:
-        return _ratios_over_runs(args, report)
-    configs: list[dict[str, Any]] = []
-    bodies = ["grad", "none"] if args.body == "both" else [args.body]
-    for n_params in args.params:
-        for n_opts in args.optimizers:
-            if n_opts > n_params:
-                continue
-            # One fixture per body (separate modules and parameters); every variant of the
-            # configuration, both bodies and the statement pair, is interleaved in the same rounds.
-            variants: dict[str, Callable[[int], None]] = {}
-            for body in bodies:
-                fx = make_fixture(n_params, n_opts, body)
-                check_fixture(fx)
-                for name in BLOCK_VARIANTS:
-                    if name in fx.variants:
-                        variants[f"{name}[{body}]"] = fx.variants[name]
-                if body == bodies[0]:
-                    for name in STATEMENT_VARIANTS:
-                        variants[name] = fx.variants[name]
-            t0 = time.perf_counter()
-            timing = time_interleaved(variants, n_opts, args.rounds, args.min_rounds,
-                                      args.budget_s, args.batch_ms / 1e3, args.gc)
-            config: dict[str, Any] = {
-                "params": n_params, "optimizers": n_opts, "timing": timing, "bodies": {},
-                "statement/original": _ratio(timing, "statement", "original"),
-                "wall_s": time.perf_counter() - t0,
-            }
-            med = timing["median_s"]
-            for body in bodies:
-                manual = med[f"manual[{body}]"]
-                config["bodies"][body] = {
-                    "block/manual": _ratio(timing, f"block[{body}]", f"manual[{body}]"),
-                    "block/toggled": _ratio(timing, f"block[{body}]", f"toggled[{body}]"),
-                    # block/manual if toggling were free: the part of manual that is not toggling
-                    "floor": max(0.0, 1 - med["original"] / manual),
-                }
-            configs.append(config)
-            if args.verbose:
-                summary = ", ".join(f"{b} {config['bodies'][b]['block/manual']['ratio']:.2f}" for b in bodies)
-                print(f"  {n_params:>6} params, {n_opts} opts: block/manual {summary}; "
-                      f"{timing['rounds']} rounds, {config['wall_s']:.1f} s", file=sys.stderr, flush=True)
-            del fx, variants
-            gc.collect()
-    report["ratios"] = configs
-
-    lines = [
-        "µs: median per toggled optimizer (absolute values are noise on a shared machine). Ratios: "
-        "**ratio of medians** (in brackets: median; q1-q3 of the per-round ratios, a noise gauge); "
-        "below 1 toggleshim is faster.",
-        f"{args.min_rounds}-{args.rounds} rounds per configuration (as many as fit in ~{args.budget_s:g} s), "
-        f"batches of ~{args.batch_ms:g} ms or one iteration, {args.clock} clock; every variant of a "
-        "configuration alternates in the same rounds.",
-        "",
-        "### Block: toggle + zero_grad + body + step + untoggle",
-        "",
-        "`floor` = 1 - original/manual: what block/manual would be if toggling cost nothing (the rest of "
-        "manual is zero_grad, body and SGD's step, the same in every variant).",
-        "",
-        "| params | opts | body | block µs | manual µs | toggled µs | block/manual | floor | block/toggled |",
-        "|---:|---:|:---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for c in configs:
-        t = c["timing"]
-        for body, r in c["bodies"].items():
-            lines.append(
-                f"| {c['params']:,} | {c['optimizers']} | {body} | {_fmt_us(t, f'block[{body}]')} "
-                f"| {_fmt_us(t, f'manual[{body}]')} | {_fmt_us(t, f'toggled[{body}]')} "
-                f"| {_fmt_ratio(r['block/manual'])} | {r['floor']:.2f} | {_fmt_ratio(r['block/toggled'])} |"
-            )
-    lines += [
-        "",
-        "### Statement: toggle_optimizer + untoggle_optimizer (patched vs Lightning's originals)",
-        "",
-        "| params | opts | rounds | statement µs | original µs | statement/original |",
-        "|---:|---:|---:|---:|---:|---:|",
-    ]
-    for c in configs:
-        t = c["timing"]
-        lines.append(f"| {c['params']:,} | {c['optimizers']} | {t['rounds']} | {_fmt_us(t, 'statement')} "
-                     f"| {_fmt_us(t, 'original')} | {_fmt_ratio(c['statement/original'])} |")
-    rows = [(c["params"], c["optimizers"], body, r["block/manual"]["ratio"], c["statement/original"]["ratio"])
-            for c in configs for body, r in c["bodies"].items()]
-    lines += ["", _verdict(rows)]
-    return "\n".join(lines)
-
-
-# -- section: the double-step watch --------------------------------------------------------------
-
-
-def _without_step_hook(run: Callable[[int], None]) -> Callable[[int], None]:
-    """``run`` with toggleshim's torch post-step hook (the double-step watch) taken out of torch's
-    global hooks for the batch, put back after."""
-    from torch.optim.optimizer import _global_optimizer_post_hooks
-
-    (handle,) = _block._STEP_HOOK
-    key = handle.id
-
-    def unhooked(n: int) -> None:
-        hook = _global_optimizer_post_hooks.pop(key)
-        try:
-            run(n)
-        finally:
-            _global_optimizer_post_hooks[key] = hook
-
-    return unhooked
-
-
-@section("stephook", default=False)
-def run_stephook(args: argparse.Namespace, report: dict[str, Any]) -> str:
-    """What watching for a step inside a block costs: block and manual, with and without the hook."""
-    rows = []
-    for n_params in args.params:
-        for body in (["grad", "none"] if args.body == "both" else [args.body]):
-            fx = make_fixture(n_params, 2, body)
-            check_fixture(fx)
-            variants = {"block": fx.variants["block"], "manual": fx.variants["manual"],
-                        "block, no hook": _without_step_hook(fx.variants["block"]),
-                        "manual, no hook": _without_step_hook(fx.variants["manual"])}
-            timing = time_interleaved(variants, 2, args.rounds, args.min_rounds, args.budget_s,
-                                      args.batch_ms / 1e3, args.gc)
-            rows.append({"params": n_params, "body": body, "timing": timing,
-                         "block/manual": _ratio(timing, "block", "manual"),
-                         "manual/manual, no hook": _ratio(timing, "manual", "manual, no hook"),
-                         "block/block, no hook": _ratio(timing, "block", "block, no hook"),
-                         "block, no hook/manual, no hook": _ratio(timing, "block, no hook", "manual, no hook")})
-            del fx, variants
-            gc.collect()
-    report["stephook"] = rows
-    lines = [
-        "The watch is torch's global post-step hook (registered when a Lightning is patched: it runs at "
-        "every optimizer step, inside a block or not) and the list of open stepping blocks it reads.",
-        "",
-        "| params | opts | body | block µs | manual µs | block/manual | manual / manual without the hook "
-        "| block / block without the hook | the same two without the hook |",
-        "|---:|---:|:---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        t = r["timing"]
-        lines.append(f"| {r['params']:,} | 2 | {r['body']} | {_fmt_us(t, 'block')} | {_fmt_us(t, 'manual')} "
-                     f"| {_fmt_ratio(r['block/manual'])} | {_fmt_ratio(r['manual/manual, no hook'])} "
-                     f"| {_fmt_ratio(r['block/block, no hook'])} "
-                     f"| {_fmt_ratio(r['block, no hook/manual, no hook'])} |")
-    return "\n".join(lines)
-
-
-def _target(params: int, body: str) -> float:
-    if params >= 1000 and body == "none":
-        return TARGET_AT_LARGE
-    return TARGET_AT_TEN if params <= 10 else TARGET_EVERYWHERE
-
-
-def _verdict(rows: list[tuple[int, int, str, float, float]]) -> str:
-    """The targets, judged on ``(params, optimizers, body, block/manual, statement/original)`` rows."""
-    misses = [f"{n:,}/{k}/{body} block/manual {r:.2f} > {_target(n, body)}"
-              for n, k, body, r, _ in rows if r > _target(n, body)]
-    misses += sorted({f"{n:,}/{k} statement/original {s:.2f} >= 1" for n, k, _, _, s in rows if s >= 1})
-    return (f"Targets: block/manual <= {TARGET_AT_LARGE} at >= 1,000 params with body none, <= "
-            f"{TARGET_EVERYWHERE} everywhere else ({TARGET_AT_TEN} at 10 params, for noise); statement "
-            "pair below Lightning's: " + ("met." if not misses else "missed at " + "; ".join(misses) + "."))
-
-
-def _ratios_over_runs(args: argparse.Namespace, report: dict[str, Any]) -> str:
-    """``--runs N``: the ratios section N times, each in a fresh process (its own memory layout and
-    its own share of the machine's noise); a row's result is the median of its N ratios."""
-    import subprocess
-    import tempfile
-
-    forwarded = ["--only", "ratios", "--runs", "1", "--params", "/".join(map(str, args.params)),
-                 "--optimizers", "/".join(map(str, args.optimizers)), "--body", args.body,
-                 "--rounds", str(args.rounds), "--min-rounds", str(args.min_rounds),
-                 "--budget-s", str(args.budget_s), "--batch-ms", str(args.batch_ms),
-                 "--clock", args.clock, "--threads", str(args.threads)] + (["--gc"] if args.gc else [])
-    runs: list[list[dict[str, Any]]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for k in range(args.runs):
-            out = Path(tmp) / f"run{k}.json"
-            subprocess.run([sys.executable, __file__, *forwarded, "--json", str(out)], check=True,
-                           stdout=subprocess.DEVNULL)
-            runs.append(json.loads(out.read_text())["ratios"])
-            if args.verbose:
-                print(f"  run {k + 1}/{args.runs} done", file=sys.stderr, flush=True)
-    report["ratios_runs"] = runs
-    table: dict[tuple[int, int, str], list[float]] = {}
-    statement: dict[tuple[int, int], list[float]] = {}
-    for run in runs:
-        for c in run:
-            statement.setdefault((c["params"], c["optimizers"]), []).append(c["statement/original"]["ratio"])
-            for body, r in c["bodies"].items():
-                table.setdefault((c["params"], c["optimizers"], body), []).append(r["block/manual"]["ratio"])
-    lines = [f"{args.runs} runs, each a fresh process running `--only ratios` with the same settings "
-             f"({args.min_rounds}-{args.rounds} rounds per configuration, ~{args.budget_s:g} s per row, "
-             f"{args.clock} clock). Per run: the ratio of medians (see a single run's description); "
-             "**bold**: the median over the runs.", "",
-             "| params | opts | body | block/manual per run | block/manual | statement/original per run "
-             "| statement/original |", "|---:|---:|:---|:---|---:|:---|---:|"]
-    rows = []
-    for (n, k, body), ratios in table.items():
-        st = statement[(n, k)]
-        med, smed = statistics.median(ratios), statistics.median(st)
-        rows.append((n, k, body, med, smed))
-        lines.append(f"| {n:,} | {k} | {body} | {' '.join(f'{r:.2f}' for r in ratios)} | **{med:.2f}** "
-                     f"| {' '.join(f'{r:.2f}' for r in st)} | **{smed:.2f}** |")
-    lines += ["", _verdict(rows)]
-    report["ratios_median_of_runs"] = [dict(zip(("params", "optimizers", "body", "block/manual",
-                                                 "statement/original"), row)) for row in rows]
-    return "\n".join(lines)
-
-
-# -- section: memory --------------------------------------------------------------------------
 
 @section("memory")
 def run_memory(args: argparse.Namespace, report: dict[str, Any]) -> str:
