@@ -609,6 +609,9 @@ FLAT_EXAMPLES = (
     # hundreds of parameters: a user-frozen one, one set inside a block, shared ones, both optimizers
     WorldSpec(_MANY, (5, 270), _MANY_OPTS, (Block(1, (SetRequiresGrad(300, False), Backward((0, 1, 300)))),
                                             Block(0, (Backward((1, 7)),)), Block(1)), (1,)),
+    # the record replaced inside a flat block by a dict subclass holding the same entries: the exit is
+    # Lightning's untoggle reading it, lookup by lookup (the fast path trusts a plain dict alone)
+    WorldSpec(_TWO, (), _SHARED, (Block(0, (ReplaceRecord("subclass"), Backward((0, 1)))),)),
 )
 #: User classes: fine-tuning code that re-freezes parameter 0 after every untoggle (calling super()),
 #: an untoggle of its own (no super(): everything trainable again), a toggle that returns super()'s
