@@ -328,8 +328,9 @@ def test_fallback_nesting_is_a_clear_error_that_changes_nothing(flavour: str) ->
             assert torch.equal(module.a.weight.grad, grads)
         assert all(state(module).values())
         msg = str(info.value)
-        for words in ("toggleshim", f"{dist} 2.7.0", "not one toggleshim has verified", "python -m toggleshim check",
-                      "pin the last release toggleshim verified", "python -m toggleshim certify", "Nothing was changed"):
+        for words in ("toggleshim", f"{dist} 2.7.0", "not one toggleshim has verified",
+                      "python -m toggleshim check", "pin the last release toggleshim verified",
+                      "python -m toggleshim certify", "Nothing was changed"):
             assert words in msg, (words, msg)
         outer = module.toggle_optimizer(module.opts[1])  # made before the block, entered inside it
         with module.toggle_optimizer(module.opts[0], zero_grad=False, step=False), pytest.raises(RuntimeError):
