@@ -209,9 +209,9 @@ def _pins(path: Path) -> list[tuple[int, str, str, str]]:
 
 def test_every_action_is_pinned_to_a_commit_sha_with_its_version() -> None:
     """Every ``uses:`` names a full commit SHA (a tag can be moved, a commit cannot) with the release
-    tag as a comment; one action and version have one SHA everywhere, and docs/releasing.md lists
+    tag as a comment; one action and version have one SHA everywhere, and docs/dev/releasing.md lists
     each pin (that table is where the SHAs were read from the actions' own repositories)."""
-    releasing = (ROOT / "docs" / "releasing.md").read_text()
+    releasing = (ROOT / "docs" / "dev" / "releasing.md").read_text()
     seen: dict[tuple[str, str], str] = {}
     count = 0
     for path in WORKFLOWS:
@@ -219,7 +219,7 @@ def test_every_action_is_pinned_to_a_commit_sha_with_its_version() -> None:
             count += 1
             assert seen.setdefault((action, version), sha) == sha, f"{path.name}:{number}: {action} {version}: two SHAs"
             row = f"| `{action}` | {version} | `{sha}` |"
-            assert row in releasing, f"{path.name}:{number}: docs/releasing.md has no row {row}"
+            assert row in releasing, f"{path.name}:{number}: docs/dev/releasing.md has no row {row}"
     yaml_uses = sum(1 for path in WORKFLOWS for where, _ in _walk(_load(path)) if where and where[-1] == "uses")
     assert count == yaml_uses > 0, "a `uses:` the line scan missed (or the YAML has none)"
 
