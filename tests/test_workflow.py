@@ -155,6 +155,19 @@ def test_matrix_has_every_lightning_version_and_both_flavours(ci: dict[Any, Any]
         assert any(r["lightning"] == version and r["flavour"] == flavour for r in rows)
 
 
+def test_the_matrix_runs_every_python_and_the_torch_floor_the_package_claims(ci: dict[Any, Any]) -> None:
+    """What pyproject.toml claims is what the matrix runs: every Python of the classifiers (the oldest
+    the ``requires-python`` floor), and toggleshim's torch floor as the oldest torch."""
+    text = (ROOT / "pyproject.toml").read_text()
+    classifiers = re.findall(r'"Programming Language :: Python :: (3\.\d+)"', text)
+    floor = re.search(r'^requires-python = ">=(3\.\d+)"', text, re.MULTILINE)
+    assert floor and classifiers == PYTHONS == ci["jobs"]["tests"]["strategy"]["matrix"]["python"]
+    assert floor.group(1) == PYTHONS[0]
+    assert f'"torch>={".".join(TOGGLESHIM_TORCH_FLOOR.split(".")[:2])}"' in text
+    rows = _expand(ci["jobs"]["tests"]["strategy"]["matrix"])
+    assert min(_v(r["torch"]) for r in rows) == _v(TOGGLESHIM_TORCH_FLOOR)
+
+
 def test_matrix_torch_is_the_oldest_and_newest_each_row_allows(ci: dict[Any, Any]) -> None:
     rows = _expand(ci["jobs"]["tests"]["strategy"]["matrix"])
     assert len(rows) <= 256, "GitHub refuses a matrix of more than 256 jobs"
