@@ -12,10 +12,12 @@ README.md or a page of docs/ (not docs/dev/); NAME is one of :data:`RENDERERS`. 
   code, the claimed Python and torch versions, the workflow's matrix, the planted bugs, the migrate
   corpus list), plus the test count of ``docs/readme_numbers.json`` (``scripts/readme_numbers.py
   --count`` collects it, and renders these blocks too);
-* ``measured``: what a slow script measured, with the commit it ran at (the version matrix of
-  ``scripts/matrix_table.py``, ``scripts/mutation_score.py``, ``scripts/lightning_suite.py``,
-  ``scripts/migrate_corpus.py``), written there when it is run again. A block says what a record
-  covers and what it does not (planted bugs added since, a check that has gained properties).
+* ``measured``: what a slow script measured, with the commit it ran at: written there by
+  ``scripts/matrix_table.py`` (``table --data``, ``check-all``) and ``scripts/mutation_score.py`` (a
+  full run) when they run again; copied from the reports of ``scripts/lightning_suite.py`` and
+  ``scripts/migrate_corpus.py``, with the commit they name (both need third-party code that is not in
+  the repository: a Lightning checkout, the corpus's files). A block says what a record covers and
+  what it does not (planted bugs added since, a check that has gained properties).
 
 ``tests/test_docs.py`` fails when a block is not the rendering of the file, or when an input is stale
 (the file's differs from the tree's): run this script, and the pages say what is true again.
