@@ -64,8 +64,21 @@ def claims() -> dict[str, Any]:
     if not floor or not torch:
         raise SystemExit("pyproject.toml: no requires-python or torch floor")
     pythons = re.findall(r'"Programming Language :: Python :: (3\.\d+)"', text)
+    lightning = re.search(r'^lightning = \["lightning>=([\d.]+)', text, re.MULTILINE)
+    if not lightning:
+        raise SystemExit("pyproject.toml: no lightning extra")
     return {"requires_python": floor.group(1), "pythons": pythons, "torch": torch.group(1),
-            "lightning": _noxfile_versions()}
+            "lightning_floor": lightning.group(1), "lightning": _noxfile_versions()}
+
+
+def profiles() -> dict[str, int]:
+    """The Hypothesis profiles of the root conftest.py: name -> examples a property."""
+    found = {}
+    for node in ast.walk(ast.parse((ROOT / "conftest.py").read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "register_profile":
+            examples = next(k.value for k in node.keywords if k.arg == "max_examples")
+            found[ast.literal_eval(node.args[0])] = ast.literal_eval(examples)
+    return found
 
 
 def ci_matrix() -> dict[str, Any]:
@@ -126,7 +139,7 @@ def tree_inputs() -> dict[str, Any]:
     """Every input, as the tree has it now."""
     tests = json.loads(README_NUMBERS.read_text())["tests"]
     return {"claims": claims(), "ci": ci_matrix(), "check": check(), "known": known(), "mutants": mutants(),
-            "corpus": corpus(), "tests": tests}
+            "corpus": corpus(), "profiles": profiles(), "tests": tests}
 
 
 def stale(data: dict[str, Any]) -> list[str]:
@@ -151,6 +164,20 @@ def render_claims(data: dict[str, Any]) -> str:
     c = data["inputs"]["claims"]
     return (f"Python {_span(c['pythons'])}, torch ≥ {c['torch']}, Lightning {', '.join(c['lightning'])} in both "
             "flavours")
+
+
+def render_needs(data: dict[str, Any]) -> str:
+    c = data["inputs"]["claims"]
+    return f"Python ≥ {c['requires_python']}, torch ≥ {c['torch']} and Lightning ≥ {c['lightning_floor']}"
+
+
+def render_ci_examples(data: dict[str, Any]) -> str:
+    p = data["inputs"]["profiles"]
+    return f"{p['ci'] / p['dev']:g}\N{MULTIPLICATION SIGN} the examples"
+
+
+def render_max_lines(data: dict[str, Any]) -> str:
+    return f"within {data['inputs']['check']['max_lines']} lines"
 
 
 def render_ci(data: dict[str, Any]) -> str:
@@ -258,6 +285,9 @@ def render_matrix(data: dict[str, Any]) -> str:
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "claims": render_claims,
+    "needs": render_needs,
+    "ci-examples": render_ci_examples,
+    "max-lines": render_max_lines,
     "ci": render_ci,
     "known": render_known,
     "check": render_check,

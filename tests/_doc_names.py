@@ -10,8 +10,9 @@ A backticked span is read as
   ``toggleshim.testing.harness``): the package's when its first part is a package module
   (``_patch``, ``harness``, ``testing``, ``toggleshim``), a name defined at the top of a package module
   (``Toggle``, ``_Made``), or private (a leading ``_``); then it must resolve, by importing the module
-  and ``getattr`` along the rest (an attribute a class sets on its instances counts). Other dotted
-  names (``self.opt``, ``torch.compile``, ``sys.meta_path``) are not the package's and are left alone;
+  and ``getattr`` along the rest (an attribute a class sets on its instances counts; a call is read as
+  its callee). Other dotted names (``self.opt``, ``torch.compile``, ``sys.meta_path``) are not the
+  package's and are left alone;
 * a **private name** (``_Plan``, ``_flags_of``): it must occur in the package's code.
 """
 
@@ -32,6 +33,7 @@ PACKAGE = Path(toggleshim.__file__).parent
 SPAN = re.compile(r"`([^`\n]+)`")
 DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 PRIVATE = re.compile(r"_\w*[A-Za-z]\w*")
+CALL = re.compile(r"([A-Za-z_][\w.]*)\(.*\)")
 # A path into this repository: under one of its folders, or a private module's file (`_toggle.py`); a
 # user's file (`setup.py`, `src/gan.py`) is not one.
 FOLDERS = ("tests", "property_tests", "examples", "docs", "scripts", "benchmarks", "constraints", ".ci", ".github",
@@ -142,6 +144,8 @@ def problems(text: str) -> list[str]:
     found = []
     for span in dict.fromkeys(SPAN.findall(text)):
         span = span.strip()
+        call = CALL.fullmatch(span)
+        span = call.group(1) if call else span  # `_toggle.toggle(module, optimizer, opts)`: the callee
         if PATH.fullmatch(span):
             if not resolve_path(span):
                 found.append(f"`{span}`: no such file")

@@ -28,8 +28,8 @@ def test_the_reader_resolves_the_packages_names_and_finds_stale_ones() -> None:
             "`tests/test_robustness.py::test_ctrl_c_at_every_line_leaves_nothing_behind` "
             "`tests/test_spawn_amp.py::test_spawn_import_*` `self.opt` `torch.compile` `setup.py` `src/gan.py`")
     assert problems(good) == []
-    stale = ("`_toggle._keep_dynamo_out` `Toggle._nope` `_Gone.undo` `_migrate.py` `_nowhere` "
-             "`tests/test_shim.py::test_no_such_test` `docs/nothing.md`")
+    stale = ("`_toggle._keep_dynamo_out` `Toggle._nope(x)` `_Gone.undo` `_migrate.py` `_nowhere` "
+             "`tests/test_shim.py::test_no_such_test` `scripts/nothing.py`")
     assert len(problems(stale)) == 7, problems(stale)
 
 
