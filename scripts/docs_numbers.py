@@ -107,8 +107,10 @@ def ci_matrix() -> dict[str, Any]:
 def check() -> dict[str, Any]:
     """``python -m toggleshim check``: its properties with their hand-picked worlds, its defaults."""
     from toggleshim import __main__ as cli
+    from toggleshim import _certify
 
     return {
+        "choices": _certify.choices_sentence("lightning", "(unverified)"),
         "properties": [[p.name, p.doc, len(p.hand_picked()), p.random(100)] for p in cli.PROPERTIES],
         "examples": cli._parser("toggleshim").parse_args(["check"]).examples,
         "certify_examples": cli.CERTIFY_EXAMPLES,
@@ -214,6 +216,10 @@ def render_check(data: dict[str, Any]) -> str:
     ])
 
 
+def render_choices(data: dict[str, Any]) -> str:
+    return "> " + data["inputs"]["check"]["choices"]
+
+
 def render_certify(data: dict[str, Any]) -> str:
     n = data["inputs"]["check"]["certify_examples"]
     return (f"It runs every property of `check`, with {n} random worlds a property by default, on each installed "
@@ -292,6 +298,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "known": render_known,
     "check": render_check,
     "certify": render_certify,
+    "choices": render_choices,
     "tests": render_tests,
     "mutation": render_mutation,
     "lightning-suite": render_lightning_suite,
