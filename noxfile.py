@@ -162,11 +162,11 @@ def matrix(session: nox.Session, lightning: str, flavour: str) -> None:
 
 @nox.session(venv_backend="none")
 def matrix_table(session: nox.Session) -> None:
-    """Write docs/compatibility.md from the results in build/matrix/ (and print it)."""
-    output = ROOT / "docs" / "compatibility.md"
+    """Record the results in build/matrix/ for docs/compatibility.md (docs/docs_numbers.json), and print them."""
+    data = ROOT / "docs" / "docs_numbers.json"
     session.run(
         sys.executable, str(RECORDER), "table", "--results", str(RESULTS), "--results-label", "build/matrix",
-        "--output", str(output), "--command-label", "`nox -s matrix` (pytest -n auto with HYPOTHESIS_PROFILE=dev, "
+        "--data", str(data), "--command-label", "`nox -s matrix` (pytest -n auto with HYPOTHESIS_PROFILE=dev, "
         "then `python -m toggleshim check`, in each venv)",
     )  # fmt: skip
 

@@ -8,7 +8,9 @@ Each mutant runs ``pytest property_tests -x`` (the migrate property excluded: it
 a fresh process with ``TOGGLESHIM_MUTANT`` set (the root conftest plants it) under the ``mutants``
 profile: derandomized, without shrinking (a caught mutant needs no minimal example). The score is
 caught / planted; the unaltered run must pass.
-Prints a Markdown table (``--json PATH`` for a machine-readable copy).
+Prints a Markdown table (``--json PATH`` for a machine-readable copy). A run of every mutant is
+recorded in ``docs/docs_numbers.json`` (``measured.mutation_score``, with the commit), from which
+``scripts/docs_numbers.py`` renders the score in docs/testing.md (``--no-data``: not recorded).
 """
 
 from __future__ import annotations
@@ -42,6 +44,21 @@ def run(mutant: str | None, flavour: str) -> tuple[bool, float, str]:
     return proc.returncode == 0, time.perf_counter() - start, last
 
 
+def _record(rows: list[dict[str, object]]) -> None:
+    """A full run, the unaltered code passing, into docs/docs_numbers.json; the docs rendered from it."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import docs_numbers
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    data = json.loads(docs_numbers.DATA.read_text())
+    data.setdefault("measured", {})["mutation_score"] = {
+        "caught": sum(bool(r["caught"]) for r in rows), "mutants": [r["mutant"] for r in rows],
+        "commit": commit.stdout.strip() or "unknown", "cores": os.cpu_count(),
+    }
+    docs_numbers.DATA.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    docs_numbers.render_all(data)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", help="only this mutant (repeatable)")
@@ -49,6 +66,7 @@ def main() -> int:
                         help="the shim's bugs, the Lightning releases, or both")
     parser.add_argument("--flavour", default="lightning.pytorch")
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--no-data", action="store_true", help="do not record a full run in docs/docs_numbers.json")
     args = parser.parse_args()
     names = args.only or [*(LIGHTNING if args.kind != "shim" else []), *(SHIM if args.kind != "lightning" else [])]
     rows = []
@@ -64,6 +82,8 @@ def main() -> int:
     print(f"\nscore: {caught}/{len(rows)} mutants caught; unaltered code {'passes' if clean_passed else 'FAILS'}")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "clean_passes": clean_passed}, indent=2) + "\n")
+    if not args.no_data and not args.only and args.kind == "all" and clean_passed:
+        _record(rows)
     return 0 if caught == len(rows) and clean_passed else 1
 
 

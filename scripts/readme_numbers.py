@@ -5,7 +5,8 @@
     python scripts/readme_numbers.py --render   # rewrite the README line from docs/readme_numbers.json
 
 What it measures goes to ``docs/readme_numbers.json`` with the commit it was measured at and the
-machine's cores; the README's line between the ``readme-numbers`` markers is rendered from that file.
+machine's cores; the README's line between the ``readme-numbers`` markers is rendered from that file,
+and so are the docs' numbers blocks (``scripts/docs_numbers.py``, which reads the test count from it).
 ``tests/test_readme.py`` fails when the README's line is not the rendering of the file, or when the
 count in the file is not the number of tests the tree collects now. Times are as measured at the
 recorded commit (run the whole script on an idle machine to refresh them).
@@ -88,7 +89,9 @@ def main() -> int:
         raise SystemExit("README.md has no <!-- readme-numbers --> line")
     README.write_text(MARK.sub(render(numbers), text))
     print(render(numbers))
-    return 0
+    import docs_numbers  # beside this script: the docs' blocks read the count from the same file
+
+    return docs_numbers.main([] if not args.render else ["--render"])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The package's modules import each other without a cycle (imports inside functions included)."""
+"""The package's modules import each other without a cycle (imports inside functions included), and
+none is longer than a maintainer can hold in their head."""
 
 from __future__ import annotations
 
@@ -80,3 +81,14 @@ def test_a_flavour_is_named_once_in_the_package() -> None:
                 hits = {n for n in names if n == node.value or node.value.startswith(n + ".")}
                 found += [f"{path.name}:{node.lineno}: {node.value!r}" for _ in hits]
     assert found == []
+
+
+# sizes: a module a maintainer can hold in their head
+
+MAX_LINES = 800
+
+
+def test_no_package_module_is_over_800_lines() -> None:
+    sizes = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert len(sizes) > 30 and any(n > MAX_LINES // 2 for n in sizes.values())  # it read the package
+    assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}

@@ -5,7 +5,7 @@ killed at cosmic-ray's timeout taking its child down with it, and the server ser
 Real processes: the server (torch preloaded, ~5 s, once for the module) and clients as cosmic-ray
 starts them. The trees are tiny stand-ins with a ``toggleshim`` package of their own, so that where
 the child imported it from is plain. (That its verdicts equal a fresh process's on real mutants is
-``python scripts/standard_mutation.py --compare 24``, docs/harness.md: minutes, not a unit test.)
+``python scripts/standard_mutation.py --compare 24``, docs/dev/harness.md: minutes, not a unit test.)
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A copy of the package gets a flag ``set_to_none`` (``False``: the block's ``zero_grad()`` zeroes the
 gradients instead of setting them to None) by editing three files: ``_block.py`` (its declaration,
 its help and what the block does with it), ``testing/model.py`` (its documented default: the
-harness takes the defaults from the model, not from the code under test) and ``testing/harness.py``
+harness takes the defaults from the model, not from the code under test) and ``testing/_drivers.py``
 (what Lightning's manual sequence does with it, the reference the harness compares the block with).
 Everything else reads the flag from ``_block.FLAGS`` or the model: the patched method's signature
 and help, every entry point, the flag check, the gate (a Lightning method with a parameter of that
@@ -35,7 +35,7 @@ EDITS: dict[str, list[tuple[str, str]]] = {
         ('{"zero_grad": True, "step": True, "sync_grad": True}',
          '{"zero_grad": True, "step": True, "sync_grad": True, "set_to_none": True}'),
     ],
-    "testing/harness.py": [
+    "testing/_drivers.py": [
         ("                if op.zero_grad:\n                    opt.zero_grad()\n",
          "                if op.zero_grad:\n                    opt.zero_grad(set_to_none=op.set_to_none)\n"),
     ],

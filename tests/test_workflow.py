@@ -155,6 +155,19 @@ def test_matrix_has_every_lightning_version_and_both_flavours(ci: dict[Any, Any]
         assert any(r["lightning"] == version and r["flavour"] == flavour for r in rows)
 
 
+def test_the_matrix_runs_every_python_and_the_torch_floor_the_package_claims(ci: dict[Any, Any]) -> None:
+    """What pyproject.toml claims is what the matrix runs: every Python of the classifiers (the oldest
+    the ``requires-python`` floor), and toggleshim's torch floor as the oldest torch."""
+    text = (ROOT / "pyproject.toml").read_text()
+    classifiers = re.findall(r'"Programming Language :: Python :: (3\.\d+)"', text)
+    floor = re.search(r'^requires-python = ">=(3\.\d+)"', text, re.MULTILINE)
+    assert floor and classifiers == PYTHONS == ci["jobs"]["tests"]["strategy"]["matrix"]["python"]
+    assert floor.group(1) == PYTHONS[0]
+    assert f'"torch>={".".join(TOGGLESHIM_TORCH_FLOOR.split(".")[:2])}"' in text
+    rows = _expand(ci["jobs"]["tests"]["strategy"]["matrix"])
+    assert min(_v(r["torch"]) for r in rows) == _v(TOGGLESHIM_TORCH_FLOOR)
+
+
 def test_matrix_torch_is_the_oldest_and_newest_each_row_allows(ci: dict[Any, Any]) -> None:
     rows = _expand(ci["jobs"]["tests"]["strategy"]["matrix"])
     assert len(rows) <= 256, "GitHub refuses a matrix of more than 256 jobs"
@@ -209,9 +222,9 @@ def _pins(path: Path) -> list[tuple[int, str, str, str]]:
 
 def test_every_action_is_pinned_to_a_commit_sha_with_its_version() -> None:
     """Every ``uses:`` names a full commit SHA (a tag can be moved, a commit cannot) with the release
-    tag as a comment; one action and version have one SHA everywhere, and docs/releasing.md lists
+    tag as a comment; one action and version have one SHA everywhere, and docs/dev/releasing.md lists
     each pin (that table is where the SHAs were read from the actions' own repositories)."""
-    releasing = (ROOT / "docs" / "releasing.md").read_text()
+    releasing = (ROOT / "docs" / "dev" / "releasing.md").read_text()
     seen: dict[tuple[str, str], str] = {}
     count = 0
     for path in WORKFLOWS:
@@ -219,7 +232,7 @@ def test_every_action_is_pinned_to_a_commit_sha_with_its_version() -> None:
             count += 1
             assert seen.setdefault((action, version), sha) == sha, f"{path.name}:{number}: {action} {version}: two SHAs"
             row = f"| `{action}` | {version} | `{sha}` |"
-            assert row in releasing, f"{path.name}:{number}: docs/releasing.md has no row {row}"
+            assert row in releasing, f"{path.name}:{number}: docs/dev/releasing.md has no row {row}"
     yaml_uses = sum(1 for path in WORKFLOWS for where, _ in _walk(_load(path)) if where and where[-1] == "uses")
     assert count == yaml_uses > 0, "a `uses:` the line scan missed (or the YAML has none)"
 

@@ -12,22 +12,16 @@ See README "Testing your own module" for running them against your own Lightning
 with every block expanded into Lightning's manual sequence, compared bitwise.
 """
 
-from toggleshim.testing.harness import (
-    InjectedFault,
-    ManualDriver,
-    Mismatch,
-    ShimDriver,
-    World,
+from toggleshim.testing._checks import (
     assert_lightning_follows_model,
     assert_program_equivalent,
     assert_toggle_equivalent,
     assert_toggle_equivalent_in_trainer,
-    build_world,
     compare_runs,
-    installed_flavours,
-    run_program,
-    user_world,
 )
+from toggleshim.testing._drivers import ManualDriver, ShimDriver
+from toggleshim.testing._runner import run_program
+from toggleshim.testing._worlds import InjectedFault, Mismatch, World, build_world, installed_flavours, user_world
 from toggleshim.testing.model import ToggleModel, expected_calls, lightning_toggle, lightning_untoggle
 from toggleshim.testing.report import trusting_unverified
 from toggleshim.testing.specs import (
