@@ -3,6 +3,7 @@
 
     python benchmarks/block_vs_manual.py                      # 10, 100, 1,000 parameters; 7 pairs each
     python benchmarks/block_vs_manual.py --params 10 --runs 11
+    python benchmarks/block_vs_manual.py --variant toggled    # Lightning's own toggled_optimizer instead
 
 Per row, fresh processes alternate (``benchmarks/_crossproc.py``):
 
@@ -17,6 +18,10 @@ attached to a stand-in trainer exposing ``optimizers``; one iteration toggles ev
 times are per toggled optimizer. Body ``grad`` gives every parameter of the optimizer a gradient (SGD
 updates each); ``none`` does nothing (the optimizer's fixed costs only). The ratio is block/manual:
 below 1, the block is cheaper than the sequence it replaces.
+
+``--variant toggled`` puts Lightning's own context manager (2.5.1 and later) in the block's place, also
+without toggleshim: ``with module.toggled_optimizer(opt): opt.zero_grad(); body(); opt.step()``, the
+least a context manager on Lightning's own functions costs.
 """
 
 from __future__ import annotations
@@ -153,18 +158,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--body", default="grad,none", help="bodies: grad, none (comma-separated)")
     p.add_argument("--runs", type=int, default=7, help="pairs of processes per row (default 7)")
     p.add_argument("--seconds", type=float, default=1.0, help="CPU seconds timed per process (default 1)")
+    p.add_argument("--variant", default="block", choices=("block", "toggled"), help="what is timed against manual")
     p.add_argument("--without", default="", help="measurement only: the block without watch+compile+guard+overrides")
     args = p.parse_args(argv)
     command = "python benchmarks/block_vs_manual.py " + " ".join(argv)
     lines = [header(command.strip()), "",
-             "| params | opts | body | block µs | manual µs | block/manual (range over pairs) | target |",
+             f"| params | opts | body | {args.variant} µs | manual µs | {args.variant}/manual (range over pairs) "
+             "| target |",
              "|---:|---:|:---|---:|---:|:---|---:|"]
     failed = False
     for n in (int(x) for x in args.params.split(",")):
         for body in args.body.split(","):
             options = {"params": str(n), "opts": str(args.opts), "body": body, "seconds": str(args.seconds),
                        "without": args.without}
-            r = compare(__file__, "toggle", "block", "manual", options, args.runs)
+            r = compare(__file__, "toggle", args.variant, "manual", options, args.runs)
             target = TARGETS.get(n, 1.00)
             failed |= r.ratio > target
             per = args.opts  # an iteration toggles every optimizer once
