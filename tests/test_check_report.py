@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 import toggleshim.testing
 from toggleshim.__main__ import MAX_LINES, PROPERTIES
 from toggleshim.testing import FLAT_EXAMPLES, installed_flavours, specs
-from toggleshim.testing.report import MAX_LINE, WIDTH, Failure, failure_report, render, snippet
+from toggleshim.testing.report import MAX_LINE, WIDTH, Failure, failure_report, render, snippet, world_size
 
 CHECK = [sys.executable, "-m", "toggleshim", "check"]
 
@@ -107,9 +107,11 @@ def test_hundreds_of_differing_parameters_read_as_a_count_and_three(broken: Path
     """The hand-picked world of 304 parameters on that Lightning: 260-odd parameters differ."""
     code = (
         "from toggleshim.testing import FLAT_EXAMPLES, Mismatch, assert_lightning_follows_model\n"
+        "from toggleshim.testing.report import world_size\n"
         "import json\n"
+        "largest = max(FLAT_EXAMPLES, key=world_size)  # the one of 304 parameters\n"
         "try:\n"
-        "    assert_lightning_follows_model(FLAT_EXAMPLES[-1], 'lightning.pytorch')\n"
+        "    assert_lightning_follows_model(largest, 'lightning.pytorch')\n"
         "except Mismatch as exc:\n"
         "    print(json.dumps([str(exc), exc.details]))\n"
     )
@@ -207,7 +209,7 @@ def test_every_op_a_snippet_can_contain_is_exported() -> None:
 
 
 def test_the_layout_keeps_the_budget_however_many_fail() -> None:
-    long = snippet(FLAT_EXAMPLES[-1], "assert_toggle_equivalent", "lightning.pytorch")
+    long = snippet(max(FLAT_EXAMPLES, key=world_size), "assert_toggle_equivalent", "lightning.pytorch")
     failures = [Failure(flavour, f"prop{i}", f"message {i}" + " x" * 2000, long, (10 - i, 0, 0, 0), "hand-picked")
                 for i in range(7) for flavour in ("lightning.pytorch", "pytorch_lightning")]
     for budget in (10, 40, 100):
