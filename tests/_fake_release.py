@@ -34,8 +34,8 @@ NO_OP = ("        param_requires_grad_state = {}\n",
 #: another such change: the same no-op line in untoggle_optimizer
 NO_OP_UNTOGGLE = ("        # save memory\n", "        pass  # a no-op line\n        # save memory\n")
 #: a Lightning whose untoggle_optimizer does nothing at all
-UNTOGGLE_NOTHING = ('            optimizer: The optimizer to untoggle.\n\n        """\n',
-                    '            optimizer: The optimizer to untoggle.\n\n        """\n        return\n')
+UNTOGGLE_NOTHING = ("        for opt in self.trainer.optimizers:\n            if not (opt is optimizer",
+                    "        return\n        for opt in self.trainer.optimizers:\n            if not (opt is optimizer")
 _count = [0]
 
 

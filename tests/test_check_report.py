@@ -47,7 +47,9 @@ def failing_check(broken: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
     proc = subprocess.run([*CHECK, "--json", "report.json"], cwd=work, env=user_env(broken), capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert proc.stderr == "", proc.stderr  # the gate's import warning is the report's business here
+    # the gate's import warning is the report's business here (Lightning's own warnings may be there:
+    # an old Lightning's fabric warns about pkg_resources)
+    assert "toggleshim" not in proc.stderr.lower() and "Traceback" not in proc.stderr, proc.stderr
     return proc.stdout, json.loads((work / "report.json").read_text())
 
 
