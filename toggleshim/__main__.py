@@ -467,12 +467,20 @@ def _check(
 def _choices(unverified: list[str], results: list[_Result]) -> list[tuple[str, str]]:
     """What the user can do about the ``unverified`` flavours, with a command each: certification only
     where every property passed on them and their toggle code's source is there to fingerprint."""
-    from toggleshim import _certify, _patch
+    from toggleshim import _patch
 
-    found = [f for f in _patch._flavours() if f.name in unverified]
     passed = all(r.verdict == "pass" for r in results if r.flavour in unverified)
-    readable = all(None not in _patch._fingerprints(_patch._unpatched(f)) for f in found)
-    return _certify.choices([(f.distribution, f.version) for f in found], certifiable=passed and readable)
+    readable = all(None not in _patch._fingerprints(_patch._unpatched(f))
+                   for f in _patch._flavours() if f.name in unverified)
+    return _choices_for(unverified, certifiable=passed and readable)
+
+
+def _choices_for(names: list[str], certifiable: bool) -> list[tuple[str, str]]:
+    """:func:`_certify.choices` for the installed flavours ``names``."""
+    from toggleshim import _patch
+
+    found = [f for f in _patch._flavours() if f.name in names]
+    return _certify.choices([(f.distribution, f.version) for f in found], certifiable)
 
 
 def _advice_lines(unverified: list[str], results: list[_Result], choices: list[tuple[str, str]]) -> list[str]:
@@ -533,7 +541,7 @@ def run_certify(examples: int = CERTIFY_EXAMPLES, seed: int = 0, flavours: list[
                 out: TextIO | None = None) -> int:
     """``toggleshim certify``: the full check on every flavour (of ``flavours``) whose toggle code is not
     verified; the certificate written only if it passed. Returns the exit status."""
-    from toggleshim import _certify, _patch
+    from toggleshim import _patch
     from toggleshim._known import KNOWN
 
     out = out or sys.stdout
@@ -579,8 +587,7 @@ def run_certify(examples: int = CERTIFY_EXAMPLES, seed: int = 0, flavours: list[
         if len(kept) != len(existing):  # this very code, certified before by this toggleshim: no longer
             _write_certificate(path, kept)
             out.write(f"Its earlier certificate in {path} is withdrawn.\n")
-        refused_ = [f for f in _patch._flavours() if f.name in todo]
-        choices = _certify.choices([(f.distribution, f.version) for f in refused_], certifiable=False)
+        choices = _choices_for(list(todo), certifiable=False)
         out.write("Your choices:\n" + "".join(f"  - {what}: {command}\n" for what, command in choices))
         return 1
     entries = []

@@ -149,11 +149,11 @@ def choices(unverified: list[tuple[str, str]], certifiable: bool = True) -> list
     ``unverified`` lists their (distribution, installed version)."""
     pins = []
     reinstall = False
-    for distribution, version in dict.fromkeys(unverified):
+    for distribution, installed in dict.fromkeys(unverified):
         last = last_verified(distribution)
         if last is not None:
             pins.append(f'"{distribution}=={last}"')
-            reinstall = reinstall or last == version  # the same version, its code changed in place
+            reinstall = reinstall or last == installed  # the same version, its code changed in place
     found: list[tuple[str, str]] = []
     if pins:
         force = " --force-reinstall --no-deps" if reinstall else ""
