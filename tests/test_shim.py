@@ -12,6 +12,7 @@ import pydoc
 import subprocess
 import sys
 import textwrap
+import types
 import warnings
 import weakref
 from typing import Any
@@ -795,6 +796,49 @@ def test_compile_marking_of_the_original_is_kept(flavour: str) -> None:
         toggleshim.uninstall()
         for name, fn in originals.items():
             setattr(cls, name, fn)
+        toggleshim.install()
+
+
+@pytest.mark.parametrize("torch_has", ["no torch.compiler (torch 2.0)", "disable without reason (torch 2.1-2.6)"])
+def test_install_works_on_the_compile_api_of_older_torches(
+    flavour: str, torch_has: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.0 has ``torch._dynamo.disable`` only; torch 2.1 to 2.6's ``torch.compiler.disable`` takes
+    no ``reason``. Either way the patch is made, marked, and runs eagerly under torch.compile."""
+    calls: list[bool] = []
+    dynamo_disable = torch._dynamo.disable
+
+    def older_disable(fn: Any = None, recursive: bool = True, **torch_internal: Any) -> Any:
+        if "reason" in torch_internal:  # what the older signature refuses
+            raise TypeError("disable() got an unexpected keyword argument 'reason'")
+        calls.append(recursive)
+        return dynamo_disable(fn, recursive=recursive, **torch_internal)
+
+    if torch_has.startswith("no torch.compiler"):  # torch's own code still finds the rest of it
+        rest = {k: v for k, v in vars(torch.compiler).items() if k != "disable"}
+        monkeypatch.setattr(torch, "compiler", types.SimpleNamespace(**rest))
+        monkeypatch.setattr(torch._dynamo, "disable", older_disable)
+    else:
+        monkeypatch.setattr(torch.compiler, "disable", older_disable)
+    cls = pl(flavour).LightningModule
+    originals = {n: ORIGINAL[(flavour, n)] for n in ("toggle_optimizer", "untoggle_optimizer")}
+    toggleshim.uninstall()
+    try:
+        cls.toggle_optimizer = dynamo_disable(originals["toggle_optimizer"])  # marked, with no reason
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            toggleshim.install()
+        assert vars(cls)["toggle_optimizer"]._torchdynamo_disable is True and calls
+        assert toggleshim.is_installed()
+        module = three_heads(flavour)
+        with module.toggle_optimizer(module.opts[0]):
+            assert not module.b.weight.requires_grad
+        assert all(state(module).values())
+    finally:
+        toggleshim.uninstall()
+        for name, fn in originals.items():
+            setattr(cls, name, fn)
+        monkeypatch.undo()
         toggleshim.install()
 
 

@@ -419,18 +419,22 @@ def _make_untoggle(original: Any) -> Callable[..., Any]:
 # block's __enter__ and __exit__) are torch.compiler.disable'd, as Lightning's newest source does with
 # its own toggle. Traced, the toggle's bookkeeping would become dynamo guards (or an internal error of
 # dynamo's, over the module state it reads), and the zero_grad and step inside would be compiled;
-# disabled, dynamo breaks the graph at each and runs it, and all it calls, eagerly (~0.3 us a call).
+# disabled, dynamo breaks the graph at each and runs it, and all it calls, eagerly (the wrapper's cost in
+# eager code: docs/performance.md, "One block against the manual sequence").
 
 
 def _disabled(fn: Callable[..., Any], like: Any = None) -> Callable[..., Any]:
-    """``torch.compiler.disable(fn)``, with the options of ``like`` (Lightning's own marked method)."""
+    """``torch.compiler.disable(fn)``, with the options of ``like`` (Lightning's own marked method).
+    torch 2.0 has only ``torch._dynamo.disable``; before torch 2.7 neither takes ``reason``."""
     import torch
 
-    wrapped: Callable[..., Any] = torch.compiler.disable(  # type: ignore[no-untyped-call]
-        fn,
-        recursive=getattr(like, "_torchdynamo_disable_recursive", True),
-        reason=getattr(like, "_torchdynamo_disable_msg", None),
-    )
+    compiler = getattr(torch, "compiler", None)
+    disable = getattr(compiler, "disable", None) or importlib.import_module("torch._dynamo").disable
+    options: dict[str, Any] = {"recursive": getattr(like, "_torchdynamo_disable_recursive", True)}
+    reason = getattr(like, "_torchdynamo_disable_msg", None)
+    if reason is not None:  # only a torch that takes it wrote it
+        options["reason"] = reason
+    wrapped: Callable[..., Any] = disable(fn, **options)
     return wrapped
 
 
