@@ -1,16 +1,12 @@
-"""The block: ``with self.toggle_optimizer(opt, **flags):``, one class for every kind of toggle.
-
-What a block does, in the order of the README's semantics table::
+"""The block: ``with self.toggle_optimizer(opt, **flags):``, one class for every kind of toggle::
 
     toggle                             # at the call: one of the kinds of _toggle.py
     enter:  no-sync context (sync_grad=False); opt.zero_grad() (zero_grad)
     exit:   opt.step() (step, clean exit only); untoggle (always); no-sync context left (always)
 
-The untoggle is the toggle's own (:meth:`_toggle._Made.leave`, then its undo): the module's own
-``untoggle_optimizer`` where the manual sequence would call the user's method, toggleshim's exact undo
-otherwise. The block does not know which kind it holds.
-
-The flags are declared once, in :class:`Flags` and :data:`FLAGS`; everything else reads them there.
+The untoggle is the toggle's own (the user's ``untoggle_optimizer`` where the manual sequence would
+call it, else toggleshim's exact undo): the block does not know which kind it holds. The flags are
+declared once, in :class:`Flags` and :data:`FLAGS`.
 """
 
 from __future__ import annotations
@@ -47,8 +43,8 @@ class Flags(TypedDict, total=False):
     sync_grad: bool
 
 
-#: Each flag's default and what it does; the order of the documentation. A new flag is one entry here,
-#: one in :class:`Flags`, and what the block does with it (``Toggle.__enter__`` / ``Toggle._exit``).
+#: Each flag's default and what it does. A new flag is one entry here, one in :class:`Flags`, and what
+#: the block does with it (``Toggle.__enter__`` / ``Toggle._exit``).
 FLAGS: dict[str, tuple[bool, str]] = {
     "zero_grad": (True, "call ``optimizer.zero_grad()`` on entering the block."),
     "step": (True, "call ``optimizer.step()`` when the block ends without an exception."),
@@ -59,8 +55,7 @@ _DEFAULTS: dict[str, bool] = {name: default for name, (default, _) in FLAGS.item
 
 
 def _checked(given: Mapping[str, Any]) -> dict[str, bool]:
-    """``given``, each flag exactly ``True`` or ``False`` (a ``bool``: not ``1``, ``numpy.True_``, a
-    tensor). Raises ``TypeError`` naming the flag, before anything changes."""
+    """``given``, each flag exactly a ``bool``; else ``TypeError`` naming it, before anything changes."""
     for name, value in given.items():
         if name not in FLAGS:
             raise TypeError(
@@ -81,15 +76,14 @@ def _flags_of(given: Mapping[str, Any]) -> dict[str, bool]:
 
 
 def _no_sync(module: Any, flags: Mapping[str, bool]) -> Any:
-    """The strategy's no-sync context factory where ``sync_grad=False``; read before anything changes
-    (a failing strategy changes nothing)."""
+    """The strategy's no-sync context factory where ``sync_grad=False``, read before anything changes."""
     return None if flags["sync_grad"] else getattr(module.trainer.strategy, "block_backward_sync", None)
 
 
 # -- the block ----------------------------------------------------------------------------------
 
-# A block's phase: toggled (a statement, or not entered yet), in its block, its exit under way (the
-# module's own untoggle called, or about to be: never twice), closed
+# A block's phase: toggled (not entered yet), open, leaving (the user's untoggle called or about to
+# be: never twice), closed
 _MADE, _OPEN, _LEFT, _CLOSED = range(4)
 
 
@@ -151,7 +145,6 @@ class Toggle(Generic[_OptT]):
             raise
 
     def _check_enterable(self) -> _Made:
-        """Refuse, before anything changes, a block that cannot start."""
         made = self._made
         if self._phase != _MADE or made is None:
             raise RuntimeError(
@@ -167,8 +160,8 @@ class Toggle(Generic[_OptT]):
         return made
 
     def _watch_steps(self, inner: Any) -> None:
-        """Have torch tell this block when its optimizer steps (a hook on that optimizer alone, taken
-        off at the exit): a step inside a block that steps on exit is refused, not made twice."""
+        """A hook on this optimizer alone, taken off at the exit: a step inside a block that steps on
+        exit is refused, not made twice."""
         register = getattr(inner, "register_step_post_hook", None)
         if register is not None:
             self._watch = register(self._note_step)
@@ -208,9 +201,8 @@ class Toggle(Generic[_OptT]):
         return False  # never swallow
 
     def _leave(self) -> None:
-        """``finally: self.untoggle_optimizer(opt)``, then gradient sync resumes: the toggle's own exit
-        (the module's own method, called once, where the manual sequence calls the user's), then
-        toggleshim's part, retried until done."""
+        """``finally: self.untoggle_optimizer(opt)``: the toggle's own exit (the user's method, called
+        once), then toggleshim's part, retried until done."""
         error: BaseException | None = None
         if self._phase == _OPEN:
             self._phase = _LEFT  # first: an interrupt from here on never calls the module's own method twice
@@ -225,9 +217,8 @@ class Toggle(Generic[_OptT]):
             raise error
 
     def _close(self) -> None:
-        """toggleshim's part of every exit, idempotent: the step watch off, the toggle undone (first
-        those left open above it, innermost first), gradient sync resumed; then the block lets go of
-        everything."""
+        """toggleshim's part of every exit, idempotent: the step watch off, the toggle undone (those
+        open above it first), gradient sync resumed; then the block lets go of everything."""
         if self._watch is not None:
             self._watch.remove()  # (idempotent)
         made = self._made
@@ -256,9 +247,8 @@ class Toggle(Generic[_OptT]):
         self._made = self._optimizer = self._guard = self._watch = None
 
     def _exit_dropped(self, ref: weakref.ref[Any]) -> None:
-        # The with statement let go of its __exit__ while the block was open (an interrupt at the first
-        # line of __exit__, where nothing can catch it): the block is closed now, by the toggle's own
-        # undo (no user code from a weak reference's callback, unless the toggle has no other undo).
+        # The with statement let go of its __exit__ while the block was open (Ctrl-C at its first line,
+        # where nothing can catch it): closed now, without user code where the toggle has another undo
         _GUARDS.discard(ref)
         made = self._made
         if self._guard is not ref or self._phase not in (_OPEN, _LEFT) or made is None:
@@ -286,28 +276,24 @@ def _double_step(inner: Any) -> RuntimeError:
     )
 
 
-# What this thread has under way: the ``Toggle.__exit__`` last looked up on the class (``"exit"``, see
-# _ExitGuard), the calls of a user's toggle_optimizer under toggle() (``"catches"``). Per thread: a
-# lookup or a call in one thread is never another's.
+# Per thread: the Toggle.__exit__ last looked up on the class ("exit", see _ExitGuard), the calls of a
+# user's toggle_optimizer under toggle() ("catches").
 _local = threading.local()
 
 
 class _ExitGuard:
-    """``Toggle.__exit__``: the method ``Toggle._exit``, watched while its block is open.
+    """``Toggle.__exit__``: ``Toggle._exit``, watched while its block is open.
 
-    A Ctrl-C can land before the first line of any Python ``__exit__`` runs, where no ``try`` of its
-    own can catch it: the block would stay open for good. So the ``__exit__`` handed to a ``with``
-    statement is a fresh bound method, watched through a weak reference: the ``with`` statement lets
-    go of it when the block ends, by any path, and if the block is still open then, it is closed
-    (``Toggle._exit_dropped``). Looking ``__exit__`` up otherwise (``getattr``, a debugger) is harmless:
-    only the last lookup before the block opens is watched, and only while the block is open.
+    A Ctrl-C can land before the first line of any ``__exit__``, where no ``try`` can catch it. So the
+    ``__exit__`` handed to a ``with`` statement is a fresh bound method, watched through a weak
+    reference: when the statement lets go of it with the block still open, the block is closed
+    (``Toggle._exit_dropped``). Only the last lookup before the block opens is watched.
     """
 
     def __get__(self, toggle: Toggle[Any] | None, cls: Any = None) -> Any:
         if toggle is None:
-            # Toggle.__exit__ (contextlib.ExitStack.enter_context looks it up so, right before calling
-            # __enter__, and keeps it until it calls it): a fresh function, which the next __enter__ in
-            # this thread watches as it watches the with statement's, if it is still held by then.
+            # Toggle.__exit__ (ExitStack.enter_context looks it up so, before __enter__, and keeps it):
+            # a fresh function, which the next __enter__ in this thread watches if it is still held
             def __exit__(
                 toggle: Toggle[Any], exc_type: type[BaseException] | None, exc: BaseException | None,
                 tb: TracebackType | None,
@@ -323,19 +309,16 @@ class _ExitGuard:
 
 
 def _watch_class_exit(toggle: Toggle[Any], ref: weakref.ref[Any]) -> None:
-    """``toggle`` is entered: watch the ``Toggle.__exit__`` looked up just before in this thread, if it
-    is still held (by ``ExitStack``) and the with statement handed it no ``__exit__`` of its own."""
+    """Watch the ``Toggle.__exit__`` looked up just before in this thread (``ExitStack``), if still held
+    and the with statement handed ``toggle`` no ``__exit__`` of its own."""
     exit_fn = ref()
     if exit_fn is not None and toggle._guard is None:
         _guard(toggle, exit_fn)
 
 
-# The watches of the open blocks' __exit__ (see _ExitGuard): held here, not only by their block. A
-# weak reference's callback runs only if the reference itself outlives what it watches; where the
-# exit, its block and the block's watch are garbage together (an ExitStack's frame, in the traceback
-# of an interrupt at the first line of the exit it called, is a reference cycle), the garbage
-# collector would free the block unclosed. From here, the watch outlives the exit and closes the
-# block. It holds the block as long as the exit lives (and the exit holds the block, so: no longer).
+# The watches of the open blocks' __exit__, held here too: a weak reference's callback runs only if the
+# reference outlives what it watches, and where exit, block and watch are garbage together (a
+# traceback's cycle) the block would be freed unclosed. It holds nothing longer than the exit lives.
 # Only added to and discarded from (each watch a distinct object): right under any interleaving.
 _GUARDS: set[weakref.ref[Any]] = set()
 
@@ -369,8 +352,7 @@ def _block(made: _Made, flags: dict[str, bool], sync: Any) -> Toggle[Any]:
 
 
 def _toggle_optimizer(self: Any, optimizer: _OptT, **flags: Unpack[Flags]) -> Toggle[_OptT]:
-    """The toggle (``Toggle(...)``, ``toggle(...)``); ``_patch`` installs copies of this very function as
-    ``toggle_optimizer`` (no wrapper call on every toggle). ``self``: the LightningModule."""
+    """The toggle; ``_patch`` installs copies of this very function as ``toggle_optimizer``."""
     given = _flags_of(flags) if flags else _DEFAULTS
     trainer = self.trainer  # Lightning's own RuntimeError when not attached to a Trainer
     sync = None if given["sync_grad"] else getattr(trainer.strategy, "block_backward_sync", None)
@@ -378,10 +360,8 @@ def _toggle_optimizer(self: Any, optimizer: _OptT, **flags: Unpack[Flags]) -> To
 
 
 def make_fallback(original_toggle: Callable[..., Any], label: str) -> Callable[..., Toggle[Any]]:
-    """A ``toggle_optimizer`` for a flavour whose toggle code is unverified: ``original_toggle`` (the
-    flavour's own) makes the toggle, and the block closes with the module's own ``untoggle_optimizer``
-    (the flavour's, or a subclass's override). ``label`` names the Lightning in messages
-    ("lightning 2.7.0 (lightning.pytorch)")."""
+    """The ``toggle_optimizer`` of a flavour with unverified toggle code: ``original_toggle`` toggles,
+    the block closes with the module's own ``untoggle_optimizer``. ``label`` names the Lightning."""
 
     def toggle_optimizer(self: Any, optimizer: Any, **flags: Unpack[Flags]) -> Toggle[Any]:
         """Lightning's own ``toggle_optimizer`` (its code is not one toggleshim verified); the result is
@@ -418,8 +398,7 @@ def toggle(module: Any, optimizer: _OptT, **flags: Unpack[Flags]) -> Toggle[_Opt
 
 
 class _Catch:
-    """The block a user's ``toggle_optimizer`` makes through its ``super()``, while ``toggle()`` runs
-    it (held by that call's frame alone; the thread's list refers to it weakly)."""
+    """The block a user's ``toggle_optimizer`` makes through its ``super()`` under ``toggle()``."""
 
     __slots__ = ("__weakref__", "made", "module")
 
@@ -432,14 +411,10 @@ class _Catch:
 def _through_users(
     module: Any, optimizer: _OptT, theirs: Callable[..., Any], flags: Mapping[str, Any]
 ) -> Toggle[_OptT]:
-    """``toggle()`` where ``self.toggle_optimizer`` is the user's: the block is the manual sequence with
-    the module's own methods. The user's method is called as ``self.toggle_optimizer(opt)`` is (the
-    optimizer alone). The block made by its ``super().toggle_optimizer(opt, ...)`` is the block, with
-    the flags that call passed, whether the method returns it or not (one that returns None has only
-    forgotten to); flags given to ``toggle()`` itself win over those. A method that makes no block of
-    toggleshim's (it never calls ``super()``, toggleshim is not installed, or the code is unverified)
-    makes a block that runs ``zero_grad``, the body, ``step`` and ``self.untoggle_optimizer(opt)``
-    around its toggle."""
+    """``toggle()`` where ``self.toggle_optimizer`` is the user's, called with the optimizer alone. The
+    block its ``super().toggle_optimizer(opt, ...)`` made is the block, returned or not, with that call's
+    flags; flags given to ``toggle()`` win. A method that makes none gets the manual sequence around
+    its toggle (zero_grad, the body, step, ``self.untoggle_optimizer(opt)``)."""
     explicit = _checked(flags)
     # read before the toggle: a failing strategy changes nothing
     sync = _no_sync(module, {**_DEFAULTS, **explicit})

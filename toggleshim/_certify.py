@@ -1,18 +1,10 @@
 """Lightning toggle code certified for one project: ``python -m toggleshim certify``'s record, read by the gate.
 
-The gate (``_patch._classify``) installs the shim where a flavour's two methods fingerprint as code
-toggleshim verified (``_known.py``). Where they do not, it asks :func:`lookup` here: a certificate
-file holds the fingerprint pairs on which every property of ``toggleshim check`` passed, each with
-the toggleshim version that checked it. A pair certified by this toggleshim version gets the shim,
-said once by an INFO message on the ``toggleshim`` logger (nothing a warnings filter turns into an
-error); other code, or a certificate of another toggleshim version, stays unverified.
-
-Where the certificate is: the file ``$TOGGLESHIM_CERTIFIED`` names, else the nearest
-``toggleshim-certified.json`` in the working directory or above it (``certify``, in ``__main__``,
-writes it).
-
-Also here: the choices an unverified Lightning leaves (:func:`choices`), each with its command.
-Standard library only: ``import toggleshim`` reads this, on unverified code only.
+Where ``_known.py`` does not verify a flavour's two methods, ``_patch._classify`` asks :func:`lookup`: a
+pair certified by *this* toggleshim version gets the shim, said once at INFO on the ``toggleshim``
+logger (nothing a warnings filter turns into an error). The certificate: ``$TOGGLESHIM_CERTIFIED``, else
+the nearest ``toggleshim-certified.json`` from the working directory up. Also the choices an unverified
+Lightning leaves (:func:`choices`). Standard library only: ``import toggleshim`` reads this.
 """
 
 from __future__ import annotations
@@ -37,7 +29,7 @@ _announced: set[tuple[str, str, str]] = set()  # (toggle, untoggle, file) said a
 
 
 def version() -> str:
-    # toggleshim/__init__.py sets __version__ before its install() runs (which is what asks us)
+    # __init__.py sets __version__ before its install() (which asks us) runs
     return str(getattr(sys.modules.get("toggleshim"), "__version__", "unknown"))
 
 
@@ -49,8 +41,7 @@ def _cwd() -> Path | None:
 
 
 def location() -> Path | None:
-    """The certificate file that applies here, if any (``$TOGGLESHIM_CERTIFIED``, else the nearest
-    ``toggleshim-certified.json`` from the working directory up)."""
+    """The certificate file that applies here, if any."""
     named = os.environ.get(ENV)
     if named:
         return Path(named)
@@ -66,8 +57,7 @@ class CertificateError(ValueError):
 
 
 def read(path: Path) -> list[dict[str, Any]]:
-    """The entries of the certificate at ``path`` (none if it does not exist); CertificateError if it
-    is not one."""
+    """The entries of the certificate at ``path`` (none if it does not exist); CertificateError if not one."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -97,8 +87,7 @@ def same_code(e: dict[str, Any], toggle: str, untoggle: str) -> bool:
 
 @dataclass(frozen=True)
 class Lookup:
-    """What the certificate says of a pair: ``certified``, and why (or why not: ``reason`` may be
-    empty when there is nothing to say)."""
+    """What the certificate says of a pair: ``certified``, and why (``reason``: empty if nothing to say)."""
 
     certified: bool
     reason: str
@@ -145,8 +134,8 @@ def last_verified(distribution: str) -> str | None:
 
 
 def choices(unverified: list[tuple[str, str]], certifiable: bool = True) -> list[tuple[str, str]]:
-    """What a user can do about flavours whose toggle code is not verified, each with its command:
-    ``unverified`` lists their (distribution, installed version)."""
+    """(what to do, its command) for flavours whose code is unverified: ``unverified`` lists their
+    (distribution, installed version)."""
     pins = []
     reinstall = False
     for distribution, installed in dict.fromkeys(unverified):

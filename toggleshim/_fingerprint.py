@@ -1,14 +1,10 @@
 """Fingerprints of Lightning's toggle code: what the gate in ``_patch`` compares, not version numbers.
 
-A fingerprint is the sha256 of a canonical dump of a method's syntax tree, without what cannot change
-what the method does: its docstring, its decorators (``torch.compiler.disable`` on Lightning's newest
-source), its name, its annotations, comments and formatting. The same source gives the same
-fingerprint on Python 3.10 to 3.13: the dump is our own (``ast.dump`` omits empty fields from 3.13 on,
-and 3.12 added a ``type_params`` field to every function), and it leaves out every field that is
-``None`` or empty, so a field that a newer Python adds empty changes nothing.
-
-Pure standard library and importable on its own (``scripts/fingerprints.py`` loads this file by path
-to fingerprint wheels with any Python, without torch or Lightning).
+The sha256 of a canonical dump of a method's syntax tree without what cannot change what it does
+(docstring, decorators such as ``torch.compiler.disable``, name, annotations, comments, formatting).
+The dump is our own and leaves out every ``None`` or empty field, so the same source gives the same
+fingerprint on Python 3.10 to 3.13 (``ast.dump`` changed in 3.13; 3.12 added ``type_params``).
+Standard library only: ``scripts/fingerprints.py`` loads this file by path, without torch or Lightning.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ __all__ = ["fingerprint_function", "fingerprint_node", "methods_in_source"]
 
 
 def _canon(node: object) -> str:
-    """A dump of ``node`` that is the same on every Python 3.10+ (fields sorted, empty ones left out)."""
+    """A dump of ``node`` the same on every Python 3.10+ (fields sorted, empty ones left out)."""
     if isinstance(node, ast.AST):
         parts = []
         for name in sorted(node._fields):
@@ -57,8 +53,8 @@ def fingerprint_node(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
 
 
 def fingerprint_function(fn: Any) -> str | None:
-    """The fingerprint of a live function, from its source; None when the source is unavailable
-    (a ``.pyc``-only install, code made by ``exec``) or is not one function definition."""
+    """The fingerprint of a live function; None without its source (``.pyc`` only, ``exec``) or when
+    the source is not one function definition."""
     try:
         source = textwrap.dedent(inspect.getsource(fn))
         tree = ast.parse(source)
@@ -70,8 +66,8 @@ def fingerprint_function(fn: Any) -> str | None:
 
 
 def methods_in_source(source: str, cls: str, names: tuple[str, ...]) -> dict[str, str]:
-    """Fingerprints of the methods ``names`` of class ``cls`` defined at the top level of a module's
-    source (what ``scripts/fingerprints.py`` reads out of a wheel); missing methods are left out."""
+    """Fingerprints of the methods ``names`` of top-level class ``cls`` in a module's source (read out of a
+    wheel by ``scripts/fingerprints.py``); missing methods are left out."""
     found: dict[str, str] = {}
     for node in ast.parse(source).body:
         if isinstance(node, ast.ClassDef) and node.name == cls:

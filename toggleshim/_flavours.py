@@ -1,7 +1,5 @@
-"""The Lightning flavours toggleshim knows, written once: read by the package, the CLI, the pytest
-plugin (when its flag is given), the harness and the scripts. Imports nothing: no torch, no Lightning.
-
-A third flavour is one more :class:`Flavour` in :data:`FLAVOURS`; everything else derives from it.
+"""The Lightning flavours toggleshim knows, written once (package, CLI, pytest plugin, harness, scripts).
+Imports no torch, no Lightning. A third flavour is one more :class:`Flavour` in :data:`FLAVOURS`.
 """
 
 from __future__ import annotations

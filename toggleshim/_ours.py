@@ -1,14 +1,11 @@
-"""What is toggleshim's, and what is the user's: one rule each, by identity. Imports no torch, nothing
-of toggleshim.
+"""What is toggleshim's, and what is the user's: one rule each, by identity. No torch, nothing of toggleshim.
 
 * **Ours**: a function toggleshim installed carries a weak reference to itself (``_toggleshim_self``)
-  and the original it replaced (``_toggleshim_original``). Only the object its own weak reference
-  points at is ours: ``functools.wraps`` copies ``__dict__``, so someone else's wrapper over ours
-  carries copies of both marks (and a proxy such as wrapt's forwards them).
-* **The user's** (:func:`users`): whatever ``module.<name>`` resolves to that is not ours: an instance
-  attribute (``mock.patch.object``), a subclass's override or a mixin's, a wrapper of Lightning's method
-  (whatever its ``__qualname__`` says), Lightning's own method where toggleshim is not installed. The
-  block calls it where the manual sequence would.
+  and the original it replaced. Only the object its own weak reference points at is ours:
+  ``functools.wraps`` copies ``__dict__`` into someone else's wrapper (and wrapt's proxy forwards it).
+* **The user's** (:func:`users`): whatever ``module.<name>`` resolves to that is not ours (an instance
+  attribute, an override, a wrapper of Lightning's method whatever its ``__qualname__``, Lightning's own
+  where toggleshim is not installed). The block calls it where the manual sequence would.
 """
 
 from __future__ import annotations
@@ -38,8 +35,8 @@ def original_of(fn: Any) -> Any:
 
 
 def users(module: Any, name: str) -> Callable[..., Any] | None:
-    """``module.<name>`` (``toggle_optimizer`` or ``untoggle_optimizer``) when it is the user's, as the
-    manual sequence would call it; None when it is toggleshim's. Never raises for a module without one."""
+    """``module.<name>`` when it is the user's, as the manual sequence would call it; None when it is
+    toggleshim's. Never raises for a module without one."""
     own: Callable[..., Any] | None = getattr(module, "__dict__", {}).get(name)
     if own is not None:
         return own  # set on the instance

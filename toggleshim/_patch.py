@@ -1,28 +1,10 @@
-"""Where the patch is made: ``LightningModule.toggle_optimizer`` / ``untoggle_optimizer`` on every flavour.
+"""The gate and the patch: ``LightningModule.toggle_optimizer`` / ``untoggle_optimizer`` on every flavour.
 
-The gate is code identity, not version numbers: a flavour whose two methods are Lightning's own and
-fingerprint (``_fingerprint.py``) as code toggleshim verified (``_known.py``, every release of the matrix),
-or as code certified for the user's project by ``toggleshim certify`` (``_certify.py``), gets the shim,
-whatever its version says. Lightning's own methods with code not verified get the
-fallback (``_block.make_fallback``: the block runs that Lightning's own sequence; nesting raises a clear
-error).
-Anything else (someone else's patch, a missing method, a signature without ``(self, optimizer)``) is
-left untouched with a warning.
-
-Rules (those of wrapt, nest_asyncio and time-machine): read and write the raw class ``__dict__``;
-recognise Lightning's own function before replacing it (never wrap somebody else's wrapper); mark
-the replacement with a sentinel that points at the exact original, so ``install()`` is idempotent
-and ``uninstall()`` restores the very same object, also after ``importlib.reload(toggleshim)``; and
-with a weak reference to itself, so that someone else's wrapper carrying a copy of the marks
-(``functools.wraps`` copies ``__dict__``) is theirs.
-
-A flavour imported after toggleshim is patched the moment its ``core.module`` has run, by the
-``sys.meta_path`` hook. ``sys.meta_path`` itself becomes a list that hands the import system toggleshim's
-hook first, wherever it stands: a finder another tool inserts in front later (typeguard's import hook,
-a delegating finder) is asked right after it, and the loader it returns is wrapped as any other. It
-costs one short call per import of a module not yet loaded, and nothing at any other time. A warning
-the filters turn into an error is never raised inside an import: it is kept and raised from
-toggleshim's next entry point (docs/guarantees.md, "Other import hooks, warnings as errors").
+The gate is code identity, not versions: Lightning's own methods fingerprinted as verified (``_known.py``)
+or certified (``_certify.py``) get the shim; Lightning's own unverified code gets the fallback
+(``_block.make_fallback``); anything else is left untouched with a warning. Rules of wrapt/nest_asyncio:
+read and write the raw class ``__dict__``, never wrap somebody else's wrapper, mark the replacement with
+its exact original (idempotent ``install()``, exact ``uninstall()``, also after ``importlib.reload``).
 """
 
 import contextlib
@@ -76,14 +58,7 @@ class _Flavour:
 
 
 def _loaded(flavour: Flavour) -> _Flavour | None:
-    """``flavour``, with its classes, once its ``core.module`` has run, else None. Never imports anything.
-
-    Importing a flavour the user did not import is not harmless: ``lightning.pytorch`` and
-    ``pytorch_lightning`` each rebind ``lightning_utilities.core.rank_zero.log`` (and the fabric
-    ``rank_zero_deprecation_category``) to their own when imported, so the last one imported decides
-    which logger Lightning's ``rank_zero_info`` messages go to and which ``LightningDeprecationWarning``
-    class its deprecations raise.
-    """
+    """``flavour`` once its ``core.module`` ran, else None; never imports (an import rebinds Lightning's logger)."""
     module_cls = getattr(sys.modules.get(flavour.core_module), "LightningModule", None)
     optimizer_cls = getattr(sys.modules.get(flavour.optimizer_module), "LightningOptimizer", None)
     if module_cls is None or optimizer_cls is None:
@@ -96,24 +71,17 @@ def _flavours() -> list[_Flavour]:
     return [f for f in (_loaded(k) for k in FLAVOURS) if f is not None]
 
 
-# the modules whose import the hook waits for: a flavour's core.module (the patch), its Trainer's
-# (handed to spawned processes through toggleshim, _spawn.py)
+# a flavour's core.module (the patch) and its Trainer's (handed to spawned processes, _spawn.py)
 _HOOKED = frozenset(name for f in FLAVOURS for name in (f.core_module, f.trainer_module))
-# flavour name -> a ToggleshimWarning the filters turned into an error inside an import, kept to be
-# raised from toggleshim's next entry point (install(), the fallback toggle_optimizer, toggle())
+# flavour name -> a warning the filters raised inside an import, raised at toggleshim's next entry point
 _pending: dict[str, str] = {}
-_DEFERRED = (
-    " [Raised here, not during the import where it arose: the warnings filters turn it into an error, "
-    "and an error there would fail that import.]"
-)
-# ``stacklevel`` below: the frame a warning points at, counted as ``warnings.warn`` counts it from
-# the function that takes it (1: that function); one frame down passes ``stacklevel + 1``.
+_DEFERRED = (" [Raised here, not during the import where it arose: the warnings filters turn it into an error, "
+             "and an error there would fail that import.]")
+# ``stacklevel`` below counts as ``warnings.warn`` does from the function taking it; one frame down: + 1
 
 
 def _warn(message: str, stacklevel: int, defer: str | None = None) -> None:
-    """``warnings.warn(ToggleshimWarning(message))``; with ``defer`` (a flavour's name), a warning the
-    filters raise as an error is kept in ``_pending`` instead of raised (only that very warning:
-    anything else raised propagates)."""
+    """Warn ``message``; with ``defer`` (a flavour's name), that very warning raised by the filters is kept."""
     warning = ToggleshimWarning(message)
     try:
         warnings.warn(warning, stacklevel=stacklevel)
@@ -124,8 +92,7 @@ def _warn(message: str, stacklevel: int, defer: str | None = None) -> None:
 
 
 def _emit_pending(names: Iterable[str], stacklevel: int) -> None:
-    """Raise (or show) the kept warnings of ``names``. Each stays kept while the filters raise it as
-    an error, and is dropped once shown, recorded or ignored."""
+    """Raise (or show) the kept warnings of ``names``; each is dropped only once not raised."""
     for name in names:
         message = _pending.get(name)  # (another thread may have shown it meanwhile)
         if message is not None:
@@ -134,9 +101,7 @@ def _emit_pending(names: Iterable[str], stacklevel: int) -> None:
 
 
 def _judge_on_import(trust_unknown: bool, stacklevel: int) -> None:
-    """``_install`` at an import (the meta_path hook's loader): its warnings kept if
-    the filters raise them, and its own failure (an ``Exception``) reported instead of raised, so that
-    the import it runs in completes. ``KeyboardInterrupt`` and ``SystemExit`` propagate."""
+    """``_install`` at an import: warnings kept, an ``Exception`` reported, so the import completes."""
     try:
         _install(trust_unknown, defer=True, stacklevel=stacklevel + 1)
     except Exception as error:
@@ -144,20 +109,14 @@ def _judge_on_import(trust_unknown: bool, stacklevel: int) -> None:
 
 
 def _report_failure(error: Exception, stacklevel: int) -> None:
-    """``error`` (raised by an install at an import, where raising would fail that import): a
-    ToggleshimWarning naming it for each flavour left unpatched, at that import. Where the warning
-    cannot be shown (the filters raise it, a ``showwarning`` fails), ``error`` itself goes to
-    ``sys.unraisablehook``, Python's channel for exceptions that cannot propagate (it prints the
-    traceback; pytest turns it into a warning). ``install()`` tries again, raising it if it recurs."""
+    """A warning naming ``error`` (an install's at an import) for each unpatched flavour; where it cannot
+    be shown, ``error`` goes to ``sys.unraisablehook`` (raising would fail the import)."""
     try:
         text = "".join(traceback.format_exception_only(type(error), error)).strip()
-        unpatched = [k for k in FLAVOURS if (f := _loaded(k)) is not None and _mode(f) is None]
-        for k in unpatched:
-            message = (
-                f"toggleshim could not patch {k.name} when it was imported: {text}. `with "
-                "self.toggle_optimizer(...)` will not work there; `toggleshim.install()` tries again (and "
-                "raises that error if it recurs)."
-            )
+        for k in [k for k in FLAVOURS if (f := _loaded(k)) is not None and _mode(f) is None]:
+            message = (f"toggleshim could not patch {k.name} when it was imported: {text}. `with "
+                       "self.toggle_optimizer(...)` will not work there; `toggleshim.install()` tries again (and "
+                       "raises that error if it recurs).")
             warning = ToggleshimWarning(message)
             try:
                 warnings.warn(warning, stacklevel=stacklevel)
@@ -172,14 +131,12 @@ def _report_failure(error: Exception, stacklevel: int) -> None:
 def _unraisable(error: BaseException, message: str) -> None:
     # a failing unraisablehook is the end of the line: nothing is left to report through
     with contextlib.suppress(Exception):
-        sys.unraisablehook(types.SimpleNamespace(
-            exc_type=type(error), exc_value=error, exc_traceback=error.__traceback__, err_msg=message, object=None
-        ))
+        sys.unraisablehook(types.SimpleNamespace(exc_type=type(error), exc_value=error,
+                                                 exc_traceback=error.__traceback__, err_msg=message, object=None))
 
 
 class _PatchingLoader(importlib.abc.Loader):
-    """Runs the real loader, then ``install()``: the flavour is patched the moment it exists.
-    ``trust_unknown``: the hook's (``toggleshim check`` installs the shim on unverified code too)."""
+    """Runs the real loader, then ``install()`` (with the hook's ``trust_unknown``)."""
 
     def __init__(self, loader: Any, trust_unknown: bool = False) -> None:
         self._loader = loader
@@ -198,8 +155,7 @@ class _PatchingLoader(importlib.abc.Loader):
 
 
 class _ImportHook:
-    """``sys.meta_path`` entry that wraps the loader of a flavour's ``core.module`` and its Trainer's. It
-    carries the trust its loaders install with (``trust_unknown``: only while ``toggleshim check`` runs)."""
+    """``sys.meta_path`` entry wrapping the loaders of ``_HOOKED`` (``trust_unknown``: ``toggleshim check``)."""
 
     def __init__(self, trust_unknown: bool = False) -> None:
         self.trust_unknown = trust_unknown
@@ -219,10 +175,8 @@ class _ImportHook:
 
 
 class _MetaPath(list):  # type: ignore[type-arg]
-    """``sys.meta_path`` while toggleshim is installed: the same list (``insert``, ``remove``, indexing
-    and ``repr`` are a list's), whose iteration (the import system's, at every import of a module not
-    yet loaded) hands toggleshim's hook out first. A finder that another tool inserts in front of it
-    later is then asked by the hook itself, right after it, so the flavour it finds is still patched."""
+    """``sys.meta_path`` while installed: a list whose iteration hands toggleshim's hook out first, so a
+    finder another tool inserts in front later is asked by the hook itself and its flavour still patched."""
 
     def __iter__(self) -> Any:
         finders = list(list.__iter__(self))
@@ -263,12 +217,8 @@ def _unhook() -> None:
 
 
 def _core(fn: Any) -> Any:
-    """The plain function under a ``torch.compiler.disable`` marking or ``@beartype``'s wrapper, else ``fn``.
-
-    Only under torch's own wrapper: ``functools.wraps`` copies the marks onto someone else's wrapper
-    too; torch tells its own by ``_torchdynamo_wrapper_id == id(wrapper)`` (where a torch sets no
-    such id, the marks are trusted).
-    """
+    """The plain function under torch's ``torch.compiler.disable`` or ``@beartype``'s wrapper, else ``fn``.
+    Torch's own by ``_torchdynamo_wrapper_id`` (``functools.wraps`` copies the marks onto others)."""
     if getattr(fn, "_torchdynamo_disable", False) and getattr(fn, "_torchdynamo_wrapper_id", id(fn)) == id(fn):
         return getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", fn)
     if _is_beartype_wrapper(fn):
@@ -277,14 +227,10 @@ def _core(fn: Any) -> Any:
 
 
 def _is_beartype_wrapper(fn: Any) -> bool:
-    """``@beartype``'s type-checking wrapper (``beartype.claw`` puts one on every method it decorates):
-    its mark and, what ``functools.wraps`` cannot copy onto someone else's, its generated code's name."""
+    """``@beartype``'s wrapper: its mark and its generated code's name (which ``functools.wraps`` cannot copy)."""
     code = getattr(fn, "__code__", None)
-    return (
-        getattr(fn, "__beartype_wrapper", False) is True
-        and hasattr(fn, "__wrapped__")
-        and getattr(code, "co_filename", "").startswith("<@beartype(")
-    )
+    return (getattr(fn, "__beartype_wrapper", False) is True and hasattr(fn, "__wrapped__")
+            and getattr(code, "co_filename", "").startswith("<@beartype("))
 
 
 def _label(flavour: _Flavour) -> str:
@@ -317,15 +263,14 @@ def _fingerprints(flavour: _Flavour) -> tuple[str | None, str | None]:
 
 
 class Verdict(NamedTuple):
-    """The gate's verdict on a flavour: what ``install()`` does with it and why. ``install()`` acts on
-    it, ``toggleshim check`` reports it; nothing else decides."""
+    """The gate's verdict on a flavour: ``install()`` acts on it, ``toggleshim check`` reports it."""
 
     mode: str  # "shim" (verified code), "fallback" (Lightning's own, unverified), "refuse" (not ours to patch)
     reason: str
 
 
 def _classify(flavour: _Flavour) -> Verdict:
-    """What ``install()`` does with ``flavour``, and why (fingerprint, known releases, classification)."""
+    """What ``install()`` does with ``flavour``, and why."""
     cls_dict = vars(flavour.module_cls)
     for name in _PATCHED:
         fn = cls_dict.get(name)
@@ -336,18 +281,16 @@ def _classify(flavour: _Flavour) -> Verdict:
             return Verdict("refuse", reason)
     toggle, untoggle = _fingerprints(flavour)
     if toggle is None or untoggle is None:
-        return Verdict(
-            "fallback", "the source of its toggle code is unavailable (a .pyc-only install?): it cannot be verified"
-        )
+        return Verdict("fallback",
+                       "the source of its toggle code is unavailable (a .pyc-only install?): it cannot be verified")
     seen = KNOWN.get((toggle, untoggle))
     if seen is not None:
         return Verdict("shim", f"toggle code verified: identical to the verified releases of {_ranges(seen)}")
     certificate = _certify.lookup(toggle, untoggle, _label(flavour))  # `toggleshim certify`'s, in the project
     if certificate.certified:
         return Verdict("shim", certificate.reason)
-    differs = [
-        name for i, (name, fp) in enumerate(zip(_PATCHED, (toggle, untoggle))) if all(fp != pair[i] for pair in KNOWN)
-    ]
+    differs = [name for i, (name, fp) in enumerate(zip(_PATCHED, (toggle, untoggle)))
+               if all(fp != pair[i] for pair in KNOWN)]
     what = " and ".join(differs) or "pairing of toggle_optimizer and untoggle_optimizer"
     return Verdict("fallback", (
         f"its {what} code differs from every release toggleshim verified "
@@ -376,26 +319,19 @@ Args:
     optimizer: a ``torch.optim.Optimizer`` or the ``LightningOptimizer`` from ``self.optimizers()``.
 """ + "".join(f"    {name}: {doc}\n" for name, (_, doc) in FLAGS.items())
 
-# What inspect.signature and help() show: Lightning's parameters, then the flags (keyword-only)
-_TOGGLE_SIGNATURE = inspect.Signature(
-    [
-        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-        inspect.Parameter("optimizer", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-        *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=bool)
-          for name, (default, _) in FLAGS.items()),
-    ],
-    return_annotation=Toggle[Any],
-)
+_TOGGLE_SIGNATURE = inspect.Signature([
+    inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+    inspect.Parameter("optimizer", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+    *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=bool)
+      for name, (default, _) in FLAGS.items()),
+], return_annotation=Toggle[Any])
 
 
 def _make_toggle(original: Any) -> Callable[..., Any]:
-    # A copy of the toggle itself, not a wrapper around it: one call less on every toggle. Its own
-    # function object (each flavour's carries the sentinel to its own original), with the signature
-    # and help of Lightning's method plus the flags.
+    # a copy, not a wrapper (one call less per toggle); each flavour's carries its own original
     impl = _block._toggle_optimizer
-    toggle_optimizer = types.FunctionType(
-        impl.__code__, impl.__globals__, "toggle_optimizer", impl.__defaults__, impl.__closure__
-    )
+    toggle_optimizer = types.FunctionType(impl.__code__, impl.__globals__, "toggle_optimizer", impl.__defaults__,
+                                          impl.__closure__)
     toggle_optimizer.__kwdefaults__ = impl.__kwdefaults__
     toggle_optimizer.__doc__ = _TOGGLE_DOC
     toggle_optimizer.__signature__ = _TOGGLE_SIGNATURE  # type: ignore[attr-defined]
@@ -415,17 +351,10 @@ def _make_untoggle(original: Any) -> Callable[..., Any]:
     return _finish(untoggle_optimizer, original, "shim")
 
 
-# torch.compile runs toggleshim's code eagerly: the entry points of a block (the patched methods, the
-# block's __enter__ and __exit__) are torch.compiler.disable'd, as Lightning's newest source does with
-# its own toggle. Traced, the toggle's bookkeeping would become dynamo guards (or an internal error of
-# dynamo's, over the module state it reads), and the zero_grad and step inside would be compiled;
-# disabled, dynamo breaks the graph at each and runs it, and all it calls, eagerly (the wrapper's cost in
-# eager code: docs/performance.md, "One block against the manual sequence").
-
-
+# torch.compile runs a block's entry points eagerly (torch.compiler.disable, as Lightning's own toggle):
+# traced, the bookkeeping would become dynamo guards (or a dynamo error) and zero_grad/step be compiled.
 def _disabled(fn: Callable[..., Any], like: Any = None) -> Callable[..., Any]:
-    """``torch.compiler.disable(fn)``, with the options of ``like`` (Lightning's own marked method).
-    torch 2.0 has only ``torch._dynamo.disable``; before torch 2.7 neither takes ``reason``."""
+    """``torch.compiler.disable(fn)`` with ``like``'s options (torch 2.0: ``torch._dynamo.disable``)."""
     import torch
 
     compiler = getattr(torch, "compiler", None)
@@ -457,10 +386,8 @@ _original_of = original_of  # the one rule for "ours": toggleshim/_ours.py
 
 
 def _make_fallback(flavour: _Flavour, name: str | None = None) -> Callable[..., Any]:
-    """The fallback ``toggle_optimizer``; with ``name``, one that first raises (or shows) the warning
-    kept for flavour ``name``, before anything changes."""
-    cls_dict = vars(flavour.module_cls)
-    original = cls_dict["toggle_optimizer"]
+    """The fallback ``toggle_optimizer``; with ``name``, one that first emits that flavour's kept warning."""
+    original = vars(flavour.module_cls)["toggle_optimizer"]
     fallback = make_fallback(original, _label(flavour))
     if name is not None:
         fallback = _warning_first(fallback, name)
@@ -479,8 +406,7 @@ def _warning_first(fallback: Callable[..., Any], name: str) -> Callable[..., Any
 
 
 def _callers_level() -> int:
-    """The ``stacklevel`` of a warning from :func:`_emit_pending` that points at the code calling the
-    function that calls this one, past torch.compile's wrapper of it (:func:`_disabled`)."""
+    """``stacklevel`` for :func:`_emit_pending` pointing at our caller's caller, past torch's wrapper."""
     frame: types.FrameType | None = sys._getframe(2)
     level = 3  # frames: _emit_pending, the function, its caller
     while frame is not None and _DYNAMO_FILES in frame.f_code.co_filename:
@@ -492,38 +418,24 @@ _DYNAMO_FILES = os.path.join("", "torch", "_dynamo", "")  # in the path of the w
 
 
 def install() -> None:
-    """Patch ``toggle_optimizer`` (and ``untoggle_optimizer``) on every installed Lightning flavour.
-
-    Idempotent; ``import toggleshim`` calls it, and a flavour imported later is patched on import.
-    The gate is the code, not the version: where both methods are code toggleshim verified (any
-    release, also one newer than the matrix), the shim is installed silently. Where they are
-    Lightning's own methods with code toggleshim has not verified, ``toggle_optimizer`` runs
-    Lightning's own toggle and its block Lightning's own sequence (nested blocks raise an error),
-    with one :class:`ToggleshimWarning`. Anything else (someone else's patch, a changed signature)
-    is left untouched with a :class:`ToggleshimWarning`. Subclasses that define their own
-    ``toggle_optimizer`` are never touched.
-
-    A warning the filters turned into an error during an import (``import toggleshim``, or a
-    flavour's) was kept: this raises it first, and then changes nothing.
+    """Patch ``toggle_optimizer`` (and ``untoggle_optimizer``) on every Lightning flavour; idempotent.
+    Verified code gets the shim silently; Lightning's own unverified code gets the fallback block (nesting
+    raises) with a :class:`ToggleshimWarning`; anything else is left untouched with one. A warning kept
+    during an import is raised first (and then nothing changes). Subclasses' own methods are never touched.
     """
     _emit_pending(list(_pending), stacklevel=3)
     _install(False)
 
 
 def _install_at_import() -> None:
-    """``import toggleshim``'s ``install()``: a warning the filters turn into an error is kept (raised
-    from toggleshim's next entry point), so that the import completes."""
+    """``import toggleshim``'s ``install()``: a warning raised by the filters is kept, so the import completes."""
     _install(False, defer=True, stacklevel=3)  # toggleshim/__init__.py, as install() there points
 
 
 def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> dict[str, Verdict]:
-    """``install()``; ``trust_unknown`` installs the shim on unverified code too (``toggleshim check``),
-    and so does the import hook it leaves. Returns the verdict on each flavour it judged (not those
-    already patched).
-
-    ``defer`` (at an import): a warning the filters raise as an error is kept in ``_pending`` and, on
-    a fallback, raised by its first call, instead of raised here. ``stacklevel``: the frame warnings
-    point at, counting this function as 1."""
+    """``install()``, returning the verdict on each flavour judged; ``trust_unknown`` (and its hook) shims
+    unverified code too. ``defer``: warnings the filters raise are kept in ``_pending`` (a fallback raises
+    them at its first call). ``stacklevel``: counting this function as 1."""
     _hook(trust_unknown)
     flavours = _flavours()
     if flavours:
@@ -534,29 +446,22 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> d
         cls_dict = vars(flavour.module_cls)
         if _original_of(cls_dict.get("toggle_optimizer")) is not None:
             continue
-        # One of our methods left alone (uninstall() ran while someone else's patch wrapped it, and
-        # that patch was undone since) counts as the original it points at: judged and replaced as such.
+        # one of ours left alone (uninstalled under someone's patch, since undone) counts as its original
         found = _unpatched(flavour)
         originals = vars(found.module_cls)
         mode, reason = verdicts[flavour.name] = _classify(found)
         if mode == "refuse":
-            _warn(
-                f"toggleshim left {_label(flavour)} untouched: {reason}. `with self.toggle_optimizer(...)` "
-                "will not work there: it fails with Python's TypeError ('NoneType' object does not support "
-                "the context manager protocol) unless that replacement returns a context manager.",
-                stacklevel + 1,
-                kept,
-            )
+            _warn(f"toggleshim left {_label(flavour)} untouched: {reason}. `with self.toggle_optimizer(...)` "
+                  "will not work there: it fails with Python's TypeError ('NoneType' object does not support "
+                  "the context manager protocol) unless that replacement returns a context manager.",
+                  stacklevel + 1, kept)
             continue
         if mode == "fallback" and not trust_unknown:
-            _warn(
-                f"toggleshim: {_label(flavour)}: {reason}. `with self.toggle_optimizer(opt):` runs "
-                "Lightning's own sequence there (its toggle; zero_grad; the block; step; its untoggle in "
-                "`finally`), statements stay Lightning's own, and nested blocks raise an error. "
-                + _certify.choices_sentence(flavour.distribution, flavour.version, None not in _fingerprints(found)),
-                stacklevel + 1,
-                kept,
-            )
+            _warn(f"toggleshim: {_label(flavour)}: {reason}. `with self.toggle_optimizer(opt):` runs "
+                  "Lightning's own sequence there (its toggle; zero_grad; the block; step; its untoggle in "
+                  "`finally`), statements stay Lightning's own, and nested blocks raise an error. "
+                  + _certify.choices_sentence(flavour.distribution, flavour.version, None not in _fingerprints(found)),
+                  stacklevel + 1, kept)
             held = flavour.name if flavour.name in _pending else None
             setattr(flavour.module_cls, _PATCHED[0], _make_fallback(found, held))
             if _original_of(cls_dict["untoggle_optimizer"]) is not None:  # the fallback keeps Lightning's own
@@ -584,8 +489,7 @@ def uninstall() -> None:
 
 
 def is_installed() -> bool:
-    """True when every imported Lightning flavour (at least one) has the shim (verified toggle code);
-    False where a flavour is untouched or has the fallback block (unverified toggle code)."""
+    """True when every imported Lightning flavour (at least one) has the shim, not the fallback or nothing."""
     found = _flavours()
     return bool(found) and all(_mode(f) == "shim" for f in found)
 
@@ -597,17 +501,14 @@ def _mode(flavour: _Flavour) -> str | None:
 
 
 def _unpatched(flavour: _Flavour) -> _Flavour:
-    """``flavour`` as it would be without toggleshim: each method of ours replaced, in a stand-in
-    class, by the original it points at (the real class is not touched)."""
+    """``flavour`` without toggleshim: a stand-in class holding the originals (the real one untouched)."""
     cls_dict = vars(flavour.module_cls)
     originals = {name: _original_of(cls_dict[name]) or cls_dict[name] for name in _PATCHED if name in cls_dict}
     return _Flavour(flavour.name, flavour.distribution, type("Probe", (), originals), flavour.optimizer_cls)
 
 
 def _ranges(releases: list[str]) -> str:
-    """``["lightning 2.0.9", "pytorch-lightning 2.0.9", "lightning 2.6.6", ...]`` ->
-    ``"lightning 2.0.9 to 2.6.6 and pytorch-lightning 2.0.9 to 2.6.6 (4 releases)"``: each
-    distribution's range on its own (the list holds each distribution's releases oldest first)."""
+    """``["lightning 2.0.9", "lightning 2.6.6", ...]`` (oldest first) -> ``"lightning 2.0.9 to 2.6.6 (2 releases)"``."""
     by_dist: dict[str, list[str]] = {}
     for release in releases:
         dist, _, version = release.partition(" ")
@@ -623,9 +524,8 @@ def _status(flavour: _Flavour) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def _trusting() -> Iterator[dict[str, Verdict]]:
-    """The shim on every flavour whose methods are Lightning's own, verified or not (what
-    ``toggleshim check`` tests), yielding the gate's verdict on each (a "refuse" one is left as it
-    was); afterwards the exact objects found before, and the import hook as found."""
+    """The shim on every flavour of Lightning's own code, verified or not (``toggleshim check``), yielding
+    the verdicts; afterwards the exact objects and import hook found before."""
     flavours = _flavours()
     saved = {(f.module_cls, name): vars(f.module_cls).get(name) for f in flavours for name in _PATCHED}
     hooked, pending = bool(_hooks()), dict(_pending)

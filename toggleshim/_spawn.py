@@ -1,14 +1,10 @@
 """Spawned processes inherit toggleshim: a Trainer handed to a spawned rank imports toggleshim first.
 
-``strategy="ddp_spawn"`` starts each rank with multiprocessing's ``spawn``: a fresh interpreter that
-runs only the top level of the main script, then unpickles what the parent sent it (the Trainer, the
-model in it). An ``import toggleshim`` inside ``main()``, or in a package's ``__main__.py``, never
-runs there. So, once a flavour's ``Trainer`` exists in a process where toggleshim is installed,
-toggleshim registers a reduction of that class with multiprocessing's own pickler
-(``ForkingPickler``, which only hands objects to child processes: ``pickle``, ``torch.save`` and
-``copy.deepcopy`` are untouched): the Trainer pickles as it always does, wrapped in a call that
-imports toggleshim in the child before the Trainer is rebuilt, so that the rank's Lightning is
-patched before it trains. Imports nothing at import time.
+``ddp_spawn`` starts each rank in a fresh interpreter that runs only the main script's top level, then
+unpickles the Trainer: an ``import toggleshim`` inside ``main()`` never runs there. So each flavour's
+``Trainer`` class gets a reduction in multiprocessing's own ``ForkingPickler`` (``pickle``,
+``torch.save``, ``copy.deepcopy`` untouched) that imports toggleshim in the child before the Trainer is
+rebuilt. Imports nothing at import time.
 """
 
 from __future__ import annotations
@@ -20,16 +16,14 @@ __all__ = ["register", "registered", "unregister"]
 
 
 def _reducers() -> dict[Any, Any]:
-    """multiprocessing's table of reductions (``ForkingPickler.register`` writes there): the one record
-    of which Trainer classes are handed over through toggleshim."""
+    """multiprocessing's table of reductions: the one record of the Trainer classes handed over."""
     from multiprocessing.reduction import ForkingPickler
 
     return ForkingPickler._extra_reducers  # type: ignore[attr-defined,no-any-return]
 
 
 def register(trainer_cls: type) -> None:
-    """Hand ``trainer_cls`` (exactly that class: multiprocessing looks reductions up by type) to spawned
-    processes through :func:`_reduce`. Idempotent."""
+    """Hand exactly ``trainer_cls`` (reductions are looked up by type) to spawned processes. Idempotent."""
     from multiprocessing.reduction import ForkingPickler
 
     ForkingPickler.register(trainer_cls, _reduce)
@@ -53,8 +47,7 @@ def _reduce(trainer: Any) -> tuple[Any, ...]:
 
 
 def _rebuilt(rebuild: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """In the spawned process: toggleshim first (its import installs it on the Lightning loaded by
-    now, and on any loaded later), then the Trainer, as ``pickle`` would rebuild it."""
+    """In the child: toggleshim first (installed on the Lightning loaded by now and any later), then the Trainer."""
     import toggleshim  # noqa: F401
 
     return rebuild(*args)

@@ -1,26 +1,13 @@
-"""The toggles: Lightning's ``toggle_optimizer`` done exactly, flat or nested, the module's own, and
-their undo; the per-module state they share.
+"""The toggles and their undo, and the per-module state they share (the reference is the model in
+``toggleshim.testing.model``). A toggle made is one of three kinds:
 
-The reference is ``toggleshim.testing.model``, the plain-Python model of these semantics; the
-property suite checks this file against it and against Lightning's own methods. The block around a
-toggle (zero_grad, step, the exit paths) is ``_block.py``; every ``requires_grad`` write goes through
-``_writes.py``. A toggle made is one of three kinds, each with its own undo:
+* :class:`_Flat`: exactly Lightning's ``toggle_optimizer``; its undo is Lightning's ``untoggle_optimizer``.
+* :class:`_Nested` (inside an open toggle): taken from the user's view, not from the frozen state
+  around it; its undo restores the state found.
+* :class:`_Own`: the module's own ``toggle_optimizer`` made it (an override without ``super()``, or
+  the fallback on unverified code); its undo is the module's own ``untoggle_optimizer``.
 
-* :class:`_Flat` (no toggle of this module is open): exactly Lightning's ``toggle_optimizer``. Every
-  parameter held by ``trainer.optimizers`` is recorded and frozen, then the toggled optimizer's
-  parameters get their recorded value back; the record is ``module._param_requires_grad_state``. Its
-  undo is exactly Lightning's ``untoggle_optimizer``: the *other* optimizers' parameters get the value
-  the record holds for them at the exit.
-* :class:`_Nested` (inside an open block): the same toggle, taken from the *user's* view rather than
-  from the frozen state around it (:meth:`_Made.user_view`); its undo restores exactly the state found.
-* :class:`_Own`: the module's own ``toggle_optimizer`` made it (an override that never calls
-  ``super()``, a method set on the instance, or Lightning's own method on code toggleshim has not
-  verified: the *fallback*); its undo is the module's own ``untoggle_optimizer``. The fallback's blocks
-  do not nest (Lightning's nested toggles freeze the inner optimizer's parameters for good).
-
-Nothing here keeps a module, optimizer, parameter or class alive: per-module state dies with its
-module, a cached plan holds only integers and its layout is watched through weak references, an undone
-toggle holds nothing. Nothing here knows about blocks.
+Nothing here keeps a module, optimizer or parameter alive, and nothing here knows about blocks.
 """
 
 from __future__ import annotations
@@ -47,13 +34,8 @@ _ref = weakref.ref
 
 
 def _read(opts: Sequence[Any]) -> list[Any]:
-    """All that Lightning's toggle and untoggle read of ``trainer.optimizers``, as one list, the
-    *layout*: each optimizer's parameters in Lightning's order, followed by the optimizer itself.
-
-    Two layouts holding the same objects (``is``) mean the same optimizers in the same order holding
-    the same parameters, so the same plan. Kept this lean on purpose: it runs at every toggle and
-    every exit, between ``zero_grad`` and ``step`` (benchmarks/block_vs_manual.py, 10 parameters).
-    """
+    """The *layout*: each optimizer's parameters in Lightning's order, then the optimizer. Two layouts
+    of the same objects (``is``) have the same plan. Lean on purpose: it runs at every toggle and exit."""
     layout: list[Any] = []
     for opt in opts:
         for group in opt.param_groups:
@@ -63,7 +45,7 @@ def _read(opts: Sequence[Any]) -> list[Any]:
 
 
 def _picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
-    """``lambda seq: tuple(seq[i] for i in indices)`` at C speed (``itemgetter`` has odd arities)."""
+    """``lambda seq: tuple(seq[i] for i in indices)`` at C speed."""
     if not indices:
         return lambda seq: ()
     if len(indices) == 1:
@@ -73,9 +55,8 @@ def _picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]
 
 
 class _Plan:
-    """How toggling one optimizer reads a layout: which items are the managed parameters (first
-    occurrences, in Lightning's order), which of them the toggle freezes, which the untoggle restores.
-    Positions only; cached per module for its current layout (``_ModuleState``)."""
+    """Toggling one optimizer over a layout, as positions: the managed parameters (first occurrences),
+    those the toggle freezes, those the untoggle restores. Cached per module (``_ModuleState``)."""
 
     __slots__ = ("free", "inside", "managed", "own_mask", "restore")
 
@@ -108,14 +89,11 @@ class _Plan:
 
 
 class _ModuleState:
-    """What toggleshim knows of one module: the stack of open toggles (entered blocks, and nested
-    statement toggles), the last flat toggle, the plans cached for the layout last toggled over, and
-    what the block's exit shares with the module's own methods.
+    """One module's toggles: the stack of open ones, the last flat one, the plans cached for the last
+    layout, and the side channel to the module's own methods.
 
-    The cached layout is kept as the ``id`` of each of its items, each watched through a weak reference
-    whose callback drops the cache: the cache never keeps a parameter or optimizer alive (a replaced
-    parameter is freed as without toggleshim), and while it is kept every item it names is alive, so
-    equal ids are the same objects.
+    The cached layout is the ``id`` of each item, each watched by a weak reference that drops the cache:
+    it keeps nothing alive, and while it is kept, equal ids are the same objects.
     """
 
     __slots__ = ("__weakref__", "exiting", "fallback", "flat", "flat_own", "flat_record", "ids", "module", "plans",
@@ -127,19 +105,17 @@ class _ModuleState:
         self.watches: list[weakref.ref[Any]] = []
         self.plans: dict[Any, _Plan] = {}
         self.stack: list[_Made] = []
-        # The last flat toggle (weakly: let go of at its untoggle, never kept alive), the id of the
-        # record it stored and which of the record's keys are its optimizer's (a block entered while
-        # that toggle is open as a statement nests inside it: ``_Flat.nested``).
+        # The last flat toggle (weakly), the id of its record, which of the record's keys are its
+        # optimizer's: a block entered while it is open as a statement nests inside it (_Flat.nested)
         self.flat: weakref.ref[_Made] | None = None
         self.flat_record = 0
         self.flat_own: tuple[bool, ...] = ()
-        # The toggle whose block's exit is calling the module's own ``untoggle_optimizer`` (the user's):
-        # toggleshim's untoggle, reached through its ``super()``, undoes it (:func:`untoggled`).
+        # the toggle whose exit is calling the user's untoggle_optimizer: its super() undoes it (untoggled)
         self.exiting: _Made | None = None
         self.fallback: _Own | None = None  # the fallback's open block's toggle: no other opens meanwhile
 
     def cache(self, layout: list[Any]) -> None:
-        """``layout`` is the cached one from now on (its plans are made as needed)."""
+        """``layout`` is the cached one from now on."""
         self.ids, self.plans, self.watches = None, {}, []  # first: a layout half watched is no cache
         try:
             stale = partial(_stale, _ref(self))
@@ -150,7 +126,7 @@ class _ModuleState:
 
 
 def _stale(state: weakref.ref[_ModuleState], dead: Any) -> None:
-    """An item of the cached layout died: the cache goes (its plans were for a layout that is gone)."""
+    """An item of the cached layout died: the cache goes."""
     s = state()
     if s is not None:
         s.ids, s.plans, s.watches = None, {}, []
@@ -186,11 +162,8 @@ _WRAPPER_MODULES = tuple(f.optimizer_module for f in FLAVOURS)
 
 
 def _unwrap(optimizer: Any) -> Any:
-    """The torch optimizer behind a ``LightningOptimizer`` (of either flavour), else itself.
-
-    The classes are looked up where Lightning defines them, at each call: no registry to keep in step
-    (or to lose on a reload), and no cache of the class Lightning makes for every wrapper.
-    """
+    """The torch optimizer behind a ``LightningOptimizer`` (of either flavour, looked up where Lightning
+    defines it: no registry), else itself."""
     if "_optimizer" not in getattr(optimizer, "__dict__", ()):  # a cheap first test: a wrapper has one
         return optimizer
     for name in _WRAPPER_MODULES:
@@ -209,8 +182,7 @@ def same(a: Any, b: Any) -> bool:
 
 
 def _is_optimizer(obj: Any) -> bool:
-    """``param_groups`` is a list (or tuple) of dicts whose ``"params"`` is a list (or tuple), as
-    torch stores them."""
+    """``param_groups`` is a list (or tuple) of dicts whose ``"params"`` is a list (or tuple)."""
     try:
         groups = obj.param_groups
         return isinstance(groups, (list, tuple)) and all(
@@ -259,8 +231,7 @@ def _not_a_tensor(item: Any) -> TypeError:
 
 
 def _new_plan(module: Any, optimizer: Any, inner: Any, opts: Sequence[Any], layout: list[Any]) -> _Plan:
-    """The plan for toggling ``optimizer`` over ``layout`` (read from ``opts``); raises, having changed
-    nothing, if it cannot be toggled."""
+    """The plan for toggling ``optimizer`` over ``layout``; raises, having changed nothing, if it cannot."""
     import torch
 
     _check_optimizer(optimizer)
@@ -291,16 +262,14 @@ def _new_plan(module: Any, optimizer: Any, inner: Any, opts: Sequence[Any], layo
 
 
 def _plan_key(optimizer: Any, inner: Any) -> Any:
-    """The cache key of ``optimizer``'s plan over an unchanged layout: what decides the plan is which
-    of the layout's optimizers are ``optimizer`` or ``inner``. By ``id``: a cached plan's ``inner`` is
-    one of the layout's optimizers, alive while the layout is cached; an ``optimizer`` wrapping it that
-    is not among them toggles the same positions as any other wrapper at its address would."""
+    """The cache key of ``optimizer``'s plan: which of the layout's optimizers are it or ``inner``. By
+    ``id``: a cached plan's ``inner`` is in the layout, alive while the layout is cached."""
     return id(optimizer) if optimizer is inner else (id(optimizer), id(inner))
 
 
 def refuse_nesting(module: Any, label: str) -> None:
-    """The fallback (Lightning's own toggle, on code toggleshim has not verified, ``label``) toggles
-    nothing while one of its blocks is open on ``module``: raises, having changed nothing."""
+    """The fallback (on the unverified Lightning ``label``) toggles nothing while one of its blocks is
+    open on ``module``: raises, having changed nothing."""
     state = state_if_any(module)
     if state is not None and state.fallback is not None:
         raise RuntimeError(
@@ -314,18 +283,14 @@ def refuse_nesting(module: Any, label: str) -> None:
 
 
 # -- the toggles made, and their undo -------------------------------------------------------------
-#
-# Every undo step is idempotent and marks itself done only once done, so that an interrupt (Ctrl-C)
-# at any line, even the first of a function, is made good by a retry (``_writes.surely``).
+# Every undo step is idempotent and marks itself done only once done: an interrupt at any line, even
+# a function's first, is made good by a retry (_writes.surely).
 
 
 class _Made:
     """A toggle made: what it recorded and how to undo it. Single-use; once undone (``done``) it holds
-    nothing of the user's.
-
-    ``entered``: a block runs over it (set by the block); a toggle on the stack that is not entered is
-    a statement toggle made inside a block. ``sync``: the no-sync context the block over it enters
-    (``sync_grad=False``), held here so that an untoggle lets go of it too."""
+    nothing of the user's. ``entered``: a block runs over it (one on the stack that is not is a
+    statement toggle inside a block). ``sync``: the block's no-sync context, let go of by an untoggle."""
 
     __slots__ = ("__weakref__", "done", "entered", "inner", "managed", "module", "optimizer", "plan", "record",
                  "state", "sync", "vals")
@@ -343,7 +308,7 @@ class _Made:
     sync: Any
 
     def enterable(self) -> bool:
-        """A block may start over this toggle: nothing undid or superseded it since it was made."""
+        """Nothing undid or superseded this toggle since it was made."""
         return not self.done and self.module.__dict__.get(RECORD) is self.record
 
     def describe(self, status: str) -> str:
@@ -351,17 +316,16 @@ class _Made:
         return f"<toggleshim.Toggle {status} optimizer={type(self.optimizer).__name__}>"
 
     def for_block(self) -> _Made:
-        """The toggle a block entered over this one holds (this one, as a rule): no side effects."""
+        """The toggle a block entered over this one holds (this one, as a rule)."""
         return self
 
     def open(self) -> None:
-        """A block starts over this toggle (:meth:`for_block`'s): from here on it is a block's."""
+        """A block starts over this toggle: from here on it is a block's."""
         raise NotImplementedError
 
     def leave(self) -> BaseException | None:
-        """The block's exit: the module's own ``untoggle_optimizer(optimizer)``, called once, where
-        the manual sequence would call the user's method; returns its error. Toggleshim's own undo
-        follows (:meth:`unwind`)."""
+        """The block's exit: the user's ``untoggle_optimizer(optimizer)``, called once where the manual
+        sequence would call it; returns its error. toggleshim's undo follows (:meth:`unwind`)."""
         fn = None if self.done else users(self.module, "untoggle_optimizer")
         if fn is None:  # toggleshim's own (or undone already, by an enclosing block's exit): the undo follows
             return None
@@ -375,9 +339,8 @@ class _Made:
         finally:
             state.exiting = None
         if not self.done:  # the method did not call super().untoggle_optimizer
-            # ... or an interrupt stopped it first: then toggleshim's untoggle runs, writing (a Ctrl-C
-            # never leaves the toggle half-undone); a method that returned, or raised an error, without
-            # super() has the last word on requires_grad: let go without writing
+            # ... or an interrupt stopped it first: then undo, writing (never half-undone); a method that
+            # returned or raised without super() has the last word on requires_grad: no writes
             interrupted = error is not None and not isinstance(error, Exception)
             try:
                 surely(self.unwind, interrupted)
@@ -386,13 +349,11 @@ class _Made:
         return error
 
     def abandon(self) -> None:
-        """The block's exit was let go of with the block still open (an interrupt at the exit's first
-        line): no user code runs from there; the undo follows."""
+        """The exit was let go of with the block open (Ctrl-C at its first line): no user code runs."""
 
     def user_view(self, managed: tuple[Any, ...], now: tuple[bool, ...]) -> tuple[bool, ...]:
-        """The user's ``requires_grad`` for ``managed`` (currently ``now``) while this toggle is the
-        innermost: a parameter it left live shows its current value, one it froze what it recorded,
-        one the optimizers took on since its current value."""
+        """The user's ``requires_grad`` of ``managed`` (now ``now``) under this toggle: a parameter it
+        left live shows its current value, one it froze what it recorded, a new one its current value."""
         assert self.managed is not None and self.vals is not None and self.plan is not None
         recorded = {id(p): v for p, v in zip(self.managed, self.vals)}
         live = {id(p) for p, mine in zip(self.managed, self.plan.own_mask) if mine}
@@ -403,13 +364,11 @@ class _Made:
         raise NotImplementedError
 
     def forget(self) -> None:
-        """Untoggled by someone else (the module's own ``untoggle_optimizer`` had its say): no write,
-        only toggleshim's bookkeeping. Idempotent."""
+        """Untoggled by the module's own method: only toggleshim's bookkeeping, no write. Idempotent."""
         raise NotImplementedError
 
     def close(self, write: bool) -> None:
-        """:meth:`undo` (``write=False``: :meth:`forget`) this toggle alone, once more if interrupted or
-        failed partway, then let go of everything."""
+        """:meth:`undo` (or :meth:`forget`) this toggle alone, once more if interrupted, then let go."""
         if self.done:
             return
         fn = self.undo if write else self.forget
@@ -424,15 +383,14 @@ class _Made:
             self.let_go()
 
     def let_go(self) -> None:
-        """Done: everything of the user's goes (the module's state stays, for the stack: it holds
-        nothing of the module once the module dies)."""
+        """Done: everything of the user's goes."""
         self.done = True
         self.module = self.optimizer = self.inner = self.plan = self.managed = self.vals = self.record = None
         self.sync = None
 
     def unwind(self, write: bool = True) -> None:
-        """:meth:`close` this toggle and every toggle still open above it on the stack, innermost
-        first; one that fails does not stop the others (the first error propagates after)."""
+        """:meth:`close` this toggle and every one open above it, innermost first; the first error
+        propagates after all are closed."""
         stack = self.state.stack
         if stack and stack[-1] is self:  # the innermost, as usual
             self.close(write)
@@ -456,8 +414,8 @@ class _Flat(_Made):
     __slots__ = ("layout", "outer")
 
     layout: list[Any] | None  # the layout at the toggle
-    # made while a statement toggle was open: (its record, the ids of its optimizer's parameters,
-    # which of the record's keys those are); a block entered over this toggle nests inside it
+    # made while a statement toggle was open: (its record, its optimizer's parameter ids, which of the
+    # record's keys those are); a block entered over this toggle nests inside it
     outer: tuple[Any, frozenset[int], tuple[bool, ...]] | None
 
     def for_block(self) -> _Made:
@@ -468,13 +426,8 @@ class _Flat(_Made):
         self.state.stack.append(self)
 
     def undo(self) -> None:
-        """Lightning's ``untoggle_optimizer`` after this toggle.
-
-        While the optimizers' lists and the record are what the toggle left (the record's keys are the
-        managed parameters in order, its values the very bools recorded), the plan says what to restore,
-        without Lightning's tensor-keyed lookups. Otherwise (the user edited either), Lightning's own
-        untoggle, over the current lists and record.
-        """
+        """Lightning's ``untoggle_optimizer``: by the plan while the optimizers and the record are what
+        the toggle left, else Lightning's own untoggle over what the user edited."""
         module = self.module
         opts = module.trainer.optimizers
         layout, managed, vals = self.layout, self.managed, self.vals
@@ -507,15 +460,10 @@ class _Flat(_Made):
         self.layout = self.outer = None
 
     def nested(self) -> _Nested:
-        """This toggle as a block entered while a statement toggle of the module was open
-        (``toggle_optimizer`` not yet untoggled, or Lightning's ``toggled_optimizer``): the block nests
-        inside the statement as inside a block. Builds the nested toggle; :meth:`_Nested.enter_statement`
-        makes its writes.
-
-        The toggle made at the call was Lightning's flat one (a statement toggle inside a statement
-        toggle stays exactly Lightning's); the nested one is taken from the user's view (a parameter
-        the statement left live shows its value at the call, one it froze what the statement
-        recorded), and its undo restores the state found at the call, and the statement's record."""
+        """This toggle as a block entered while a statement toggle was open (not yet untoggled, or
+        Lightning's ``toggled_optimizer``): it nests inside the statement, from the user's view, and
+        its undo restores the state found and the statement's record. Writes nothing
+        (:meth:`_Nested.enter_statement` does)."""
         assert self.outer is not None and self.managed is not None and self.vals is not None
         outer, live, own = self.outer
         recorded = {id(p): v for p, v in outer.items()}
@@ -536,8 +484,6 @@ class _Nested(_Made):
 
     entry: tuple[bool, ...] | None  # every managed requires_grad found at the toggle
     prev_record: Any  # the record to put back on undoing
-    # made from a flat toggle inside a statement toggle (_Flat.nested): which of the statement's record
-    # keys are its optimizer's
     statement: tuple[bool, ...] | None
 
     def enterable(self) -> bool:
@@ -564,10 +510,9 @@ class _Nested(_Made):
         self.entry = self.prev_record = self.statement = None
 
     def enter_statement(self) -> None:
-        """Make the writes of a nested toggle built by :meth:`_Flat.nested`, all or nothing: the
-        statement's record is the one open, and only the parameters of this toggle's optimizer whose
-        view differs from what the call left are written (what an override of ``toggle_optimizer``
-        did after ``super()`` stays)."""
+        """The writes of a toggle built by :meth:`_Flat.nested`, all or nothing: only the toggled
+        optimizer's parameters whose view differs from what the call left (an override's own writes
+        after ``super()`` stay)."""
         assert self.plan is not None and self.statement is not None
         assert self.managed is not None and self.vals is not None and self.entry is not None
         module, state = self.module, self.state
@@ -580,9 +525,8 @@ class _Nested(_Made):
 
 
 class _Own(_Made):
-    """The module's own toggle (made by the user's ``toggle_optimizer``, or by Lightning's own on code
-    toggleshim has not verified: ``label`` names that Lightning): its undo is the module's own
-    ``untoggle_optimizer``, which the block's exit calls; toggleshim writes nothing."""
+    """The module's own toggle (the user's, or the fallback's on the unverified Lightning ``label``):
+    its undo is the module's own ``untoggle_optimizer``; toggleshim writes nothing."""
 
     __slots__ = ("label",)
 
@@ -634,10 +578,9 @@ def own(module: Any, optimizer: Any, label: str | None = None) -> _Made:
 
 
 def toggle(module: Any, optimizer: Any, opts: Sequence[Any]) -> _Made:
-    """Toggle ``optimizer`` on ``module`` now, over ``opts`` (``trainer.optimizers``): flat where no
-    toggle of the module is open, nested inside the innermost open one otherwise. Validates first:
-    raises, having changed nothing, if ``optimizer`` cannot be toggled; the writes are all or nothing.
-    Returns the toggle made (what it recorded, how to undo it)."""
+    """Toggle ``optimizer`` on ``module`` over ``opts`` (``trainer.optimizers``) now: flat, or nested in
+    the innermost open toggle. Raises, having changed nothing, if it cannot; the writes are all or
+    nothing. Returns the toggle made."""
     inner = _unwrap(optimizer) if "_optimizer" in getattr(optimizer, "__dict__", ()) else optimizer
     try:
         layout = _read(opts)
@@ -661,8 +604,7 @@ def toggle(module: Any, optimizer: Any, opts: Sequence[Any]) -> _Made:
     previous = module.__dict__.get(RECORD, MISSING)
     stack = state.stack
     if not stack:  # exactly Lightning's toggle: freeze all but the toggled optimizer's parameters
-        # the record, dict(zip(managed, requires_grad)): each parameter read and hashed once (its
-        # __hash__ is Python's, the largest cost of a toggle from 100 parameters)
+        # each parameter read and hashed once (its __hash__ is Python's: the largest cost from 100 up)
         record = dict(zip(managed, map(_requires_grad, managed)))
         vals: tuple[bool, ...] = tuple(record.values())
         flat: _Flat = _new(_Flat)
@@ -670,8 +612,7 @@ def toggle(module: Any, optimizer: Any, opts: Sequence[Any]) -> _Made:
         flat.plan, flat.layout, flat.managed, flat.vals = plan, layout, managed, vals
         flat.entered = flat.done = False
         flat.sync = None
-        # A statement toggle still open (a record not yet emptied by an untoggle): entered, this
-        # toggle nests inside it (_Flat.nested); as a statement it stays Lightning's flat toggle.
+        # a statement toggle still open: entered, this toggle nests inside it (_Flat.nested)
         flat.outer = _open_statement(state, previous) if state.flat_record == id(previous) and previous else None
         flat.record = record
         apply(module, plan.free(managed), repeat(False), plan.free(vals), record, previous)
@@ -692,18 +633,15 @@ def toggle(module: Any, optimizer: Any, opts: Sequence[Any]) -> _Made:
 
 
 def _open_statement(state: _ModuleState, record: Any) -> tuple[Any, frozenset[int], tuple[bool, ...]]:
-    """The statement toggle still open: ``record`` is the very record the module's last flat toggle
-    stored (toggleshim's untoggle forgets it). Its record, the ids of the parameters its optimizer
-    holds (none when the record's keys were edited in number: then every recorded parameter shows what
-    it recorded), and which of the record's keys those are."""
+    """The open statement toggle's record, its optimizer's parameter ids (none when the record's keys
+    were edited in number) and which of the record's keys those are."""
     own = state.flat_own
     live = frozenset(id(p) for p, mine in zip(record, own) if mine) if len(record) == len(own) else frozenset()
     return record, live, own
 
 
 def _lightning_untoggle(module: Any, opts: Sequence[Any], optimizer: Any, inner: Any) -> None:
-    """``LightningModule.untoggle_optimizer`` as Lightning writes it (it reads the record at each
-    parameter; a failing write here does not stop the others)."""
+    """``LightningModule.untoggle_optimizer`` as Lightning writes it (a failing write stops no other)."""
     params: list[Any] = []
     values: list[Any] = []
     for opt in opts:
@@ -717,14 +655,9 @@ def _lightning_untoggle(module: Any, opts: Sequence[Any], optimizer: Any, inner:
 
 
 def untoggled(module: Any, optimizer: Any) -> bool:
-    """toggleshim's ``untoggle_optimizer(optimizer)``, before Lightning's: True when it undid a toggle
-    of toggleshim's instead (then Lightning's untoggle must not run).
-
-    * the exit of a block of this module calls the module's own ``untoggle_optimizer`` (the user's),
-      which reached this through ``super()``: that block's toggle is undone;
-    * a statement toggle made inside a block: undone as a nested block;
-    * otherwise Lightning's untoggle runs, and the last flat toggle lets go of everything.
-    """
+    """toggleshim's part of ``untoggle_optimizer``: True when it undid a toggle of its own (the exiting
+    block's, reached through a user's ``super()``; a statement toggle inside a block), and Lightning's
+    untoggle must not run. Otherwise the last flat toggle lets go of everything."""
     state = state_if_any(module)
     if state is None:
         return False

@@ -1,18 +1,12 @@
 """The ``requires_grad`` transaction: every write toggleshim makes to ``requires_grad`` and to the
-module's record, and the one rule for what propagates when writes fail or are interrupted.
+module's record (:func:`apply`: a toggle; :func:`restore`: an untoggle), its cleanups (:func:`surely`,
+:func:`quietly`), and the one rule for what propagates. Imports nothing of torch or of toggleshim.
 
-Imports nothing of torch or of toggleshim. The rest of the package writes ``requires_grad`` only
-through :func:`apply` (a toggle: all or nothing) and :func:`restore` (an untoggle: every write that
-can be made is made), and cleans up only through :func:`surely` and :func:`quietly`.
-
-**The rule.** When several things go wrong, the first *error* (an ``Exception``: a refused write, a
-failing ``step``) propagates, the very object, and later errors are dropped; an *interrupt*
-(``KeyboardInterrupt``, ``SystemExit``: any other ``BaseException``) is never dropped and propagates
-ahead of errors (:func:`first`).
-
-**Interrupts at any line.** A Ctrl-C can land between any two lines, even before the first line of a
-function, where no ``try`` of its own can catch it. So each cleanup step is idempotent and marks
-itself done only once done, and :func:`surely` runs it once more when anything interrupts it.
+**The rule** (:func:`first`). The first *error* (an ``Exception``) propagates, the very object, and
+later errors are dropped; an *interrupt* (any other ``BaseException``) is never dropped and propagates
+ahead of errors. **Interrupts at any line**: a Ctrl-C can land between any two lines, even before a
+function's first line, where no ``try`` of its own catches it; so each cleanup step is idempotent,
+marks itself done only once done, and :func:`surely` runs it once more when anything interrupts it.
 """
 
 from __future__ import annotations
@@ -28,15 +22,14 @@ MISSING: Any = object()  # no record on the module
 
 
 def first(error: BaseException | None, new: BaseException) -> BaseException:
-    """Which of two exceptions propagates (the rule above): the first, unless only ``new`` interrupts."""
+    """Which of two exceptions propagates (the rule)."""
     if error is None or (isinstance(error, Exception) and not isinstance(new, Exception)):
         return new
     return error
 
 
 def restore(params: Iterable[Any], values: Iterable[bool]) -> None:
-    """``p.requires_grad = v`` for every pair; a write that fails does not stop the others. After the
-    last write, the first error (or interrupt) propagates."""
+    """``p.requires_grad = v`` for every pair; a failing write does not stop the others (an untoggle)."""
     error: BaseException | None = None
     for p, v in zip(params, values):
         try:
@@ -65,13 +58,10 @@ def apply(
     stack: list[Any] | None = None,
     entry: Any = None,
 ) -> None:
-    """A toggle's writes, all or nothing: ``params`` get ``values``, ``record`` becomes the module's
-    record, and, last, ``entry`` goes on ``stack`` (the toggle is open from there on). On any failure
-    or interrupt before that, ``params`` get ``olds`` (their values before) back and the record
-    ``previous``; the first error propagates.
-
-    The record is stored as ``nn.Module.__setattr__`` would store a dict (in ``__dict__``), without its
-    cost (ten times a plain store)."""
+    """A toggle's writes, all or nothing: ``params`` get ``values``, ``record`` becomes the record and,
+    last, ``entry`` goes on ``stack`` (the toggle is open from there on). On any failure before that,
+    ``params`` get ``olds`` back and the record ``previous``. The record goes in ``__dict__``, as
+    ``nn.Module.__setattr__`` would store a dict, without its cost (ten times a plain store)."""
     try:
         for p, v in zip(params, values):  # stops at a failing write: the rollback puts every one back
             p.requires_grad = v
@@ -91,9 +81,8 @@ def _rollback(module: Any, params: Sequence[Any], olds: Iterable[bool], previous
 
 
 def surely(fn: Callable[..., None], *args: Any) -> None:
-    """``fn(*args)``, and once more if anything interrupts it (Ctrl-C between two lines, a failing
-    write), so that it completes before the error propagates: ``fn`` must be idempotent. The first
-    error propagates unchanged; an error of the second run is dropped (an interrupt is not)."""
+    """``fn(*args)`` (idempotent), run once more if anything interrupts it, so that it completes before
+    the first error propagates."""
     try:
         fn(*args)
     except BaseException:
@@ -103,9 +92,7 @@ def surely(fn: Callable[..., None], *args: Any) -> None:
 
 
 def quietly(fn: Callable[..., None], *args: Any, retry: bool = True) -> None:
-    """``surely(fn, *args)`` (``retry=False``: ``fn(*args)``, for a cleanup that calls the user's code
-    once) while an error is already in flight (an ``except`` clause, an exit with the body's
-    exception): the cleanup completes and its own errors are dropped, so that the error in flight
-    propagates unchanged; an interrupt during the cleanup still propagates."""
+    """``surely(fn, *args)`` (``retry=False``: ``fn(*args)``, a cleanup that calls the user's code once)
+    while an error is in flight: the cleanup's own errors are dropped, so that one propagates unchanged."""
     with contextlib.suppress(Exception):
         surely(fn, *args) if retry else fn(*args)
