@@ -4,6 +4,7 @@
     python benchmarks/block_vs_manual.py                      # 10, 100, 1,000 parameters; 7 pairs each
     python benchmarks/block_vs_manual.py --params 10 --runs 11
     python benchmarks/block_vs_manual.py --variant toggled    # Lightning's own toggled_optimizer instead
+    python benchmarks/block_vs_manual.py --params 10 --body none --each   # what each guarantee costs
 
 Per row, fresh processes alternate (``benchmarks/_crossproc.py``):
 
@@ -109,6 +110,9 @@ def _workload(variant: str, options: dict[str, str]) -> Callable[[int], None]:
     return per_toggle
 
 
+_GUARANTEES = ["watch", "compile", "guard", "overrides"]
+
+
 def _ablate(without: str) -> None:
     """Take guarantees out of the block, to measure what each costs (``--without``): never for users.
 
@@ -160,24 +164,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=1.0, help="CPU seconds timed per process (default 1)")
     p.add_argument("--variant", default="block", choices=("block", "toggled"), help="what is timed against manual")
     p.add_argument("--without", default="", help="measurement only: the block without watch+compile+guard+overrides")
+    p.add_argument("--each", action="store_true", help="a row without each guarantee in turn, then without all")
     args = p.parse_args(argv)
     command = "python benchmarks/block_vs_manual.py " + " ".join(argv)
+    withouts = ["", *_GUARANTEES, "+".join(_GUARANTEES)] if args.each else [args.without]
+    first = "| without " if args.each else ""
     lines = [header(command.strip()), "",
-             f"| params | opts | body | {args.variant} µs | manual µs | {args.variant}/manual (range over pairs) "
-             "| target |",
-             "|---:|---:|:---|---:|---:|:---|---:|"]
+             f"{first}| params | opts | body | {args.variant} µs | manual µs | {args.variant}/manual "
+             "(range over pairs) | target |",
+             ("|:---" if args.each else "") + "|---:|---:|:---|---:|---:|:---|---:|"]
     failed = False
     for n in (int(x) for x in args.params.split(",")):
         for body in args.body.split(","):
-            options = {"params": str(n), "opts": str(args.opts), "body": body, "seconds": str(args.seconds),
-                       "without": args.without}
-            r = compare(__file__, "toggle", args.variant, "manual", options, args.runs)
-            target = TARGETS.get(n, 1.00)
-            failed |= r.ratio > target
-            per = args.opts  # an iteration toggles every optimizer once
-            lines.append(f"| {n:,} | {args.opts} | {body} | {r.a_us / per:.1f} | {r.b_us / per:.1f} | {r.cell()} | "
-                         f"≤ {target:.2f} |")
-            print(lines[-1], file=sys.stderr, flush=True)
+            for without in withouts:
+                options = {"params": str(n), "opts": str(args.opts), "body": body, "seconds": str(args.seconds),
+                           "without": without}
+                r = compare(__file__, "toggle", args.variant, "manual", options, args.runs)
+                target = TARGETS.get(n, 1.00)
+                failed |= r.ratio > target
+                per = args.opts  # an iteration toggles every optimizer once
+                label = f"| {without.replace('+', ', ') or '(nothing)'} " if args.each else ""
+                lines.append(f"{label}| {n:,} | {args.opts} | {body} | {r.a_us / per:.1f} | {r.b_us / per:.1f} | "
+                             f"{r.cell()} | ≤ {target:.2f} |")
+                print(lines[-1], file=sys.stderr, flush=True)
     print("\n".join(lines))
     return 1 if failed else 0
 

@@ -799,11 +799,11 @@ def test_compile_marking_of_the_original_is_kept(flavour: str) -> None:
         toggleshim.install()
 
 
-@pytest.mark.parametrize("torch_has", ["no torch.compiler (torch 2.0)", "disable without reason (torch 2.1-2.6)"])
+@pytest.mark.parametrize("torch_has", ["no torch.compiler (torch 2.0)", "disable without reason (torch 2.1-2.7)"])
 def test_install_works_on_the_compile_api_of_older_torches(
     flavour: str, torch_has: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """torch 2.0 has ``torch._dynamo.disable`` only; torch 2.1 to 2.6's ``torch.compiler.disable`` takes
+    """torch 2.0 has ``torch._dynamo.disable`` only; torch 2.1 to 2.7's ``torch.compiler.disable`` takes
     no ``reason``. Either way the patch is made, marked, and runs eagerly under torch.compile."""
     calls: list[bool] = []
     dynamo_disable = torch._dynamo.disable

@@ -354,7 +354,8 @@ def _make_untoggle(original: Any) -> Callable[..., Any]:
 # torch.compile runs a block's entry points eagerly (torch.compiler.disable, as Lightning's own toggle):
 # traced, the bookkeeping would become dynamo guards (or a dynamo error) and zero_grad/step be compiled.
 def _disabled(fn: Callable[..., Any], like: Any = None) -> Callable[..., Any]:
-    """``torch.compiler.disable(fn)`` with ``like``'s options (torch 2.0: ``torch._dynamo.disable``)."""
+    """``torch.compiler.disable(fn)`` with ``like``'s options (torch 2.0: ``torch._dynamo.disable``; ``reason``
+    from torch 2.8 only)."""
     import torch
 
     compiler = getattr(torch, "compiler", None)
