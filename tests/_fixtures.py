@@ -68,3 +68,12 @@ def three_heads(flavour: str, n_opt: int = 2, frozen: bool = False, shared: bool
 
 def state(module: Any) -> dict[str, bool]:
     return {n: p.requires_grad for n, p in module.named_parameters()}
+
+
+def assert_a_block_toggles(flavour: str) -> None:
+    """A block over the first head of :func:`three_heads` freezes the others; after it every parameter
+    trains again (the shim is installed and works)."""
+    module = three_heads(flavour)
+    with module.toggle_optimizer(module.opts[0]):
+        assert not module.b.weight.requires_grad
+    assert all(state(module).values())

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from _fake_release import COSMETIC, FORCE_TRAINABLE, fake_release, method_copy, original
-from _fixtures import pl, state, three_heads
+from _fixtures import assert_a_block_toggles, pl, state, three_heads
 from hypothesis import given, settings
 
 import toggleshim
@@ -132,10 +132,7 @@ def test_lightnings_own_method_unverified_or_unreadable_gets_the_fallback(
             toggleshim.install()
         (msg,) = [str(w.message) for w in caught if issubclass(w.category, toggleshim.ToggleshimWarning)]
         assert why in msg and _patch._mode(_flavour_obj(flavour)) == "fallback"
-        module = three_heads(flavour)
-        with module.toggle_optimizer(module.opts[0]):
-            assert not module.b.weight.requires_grad
-        assert all(state(module).values())
+        assert_a_block_toggles(flavour)
     finally:
         toggleshim.uninstall()
         cls.toggle_optimizer = real

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from _fixtures import pl, state, three_heads
+from _fixtures import assert_a_block_toggles, pl, state, three_heads
 
 import toggleshim
 from toggleshim import Toggle, ToggleshimWarning
@@ -788,10 +788,7 @@ def test_compile_marking_of_the_original_is_kept(flavour: str) -> None:
             assert patched._torchdynamo_disable_recursive is True
             assert inspect.signature(patched).parameters.keys() >= {"self", "optimizer"}
         assert "zero_grad" in inspect.signature(cls.toggle_optimizer).parameters
-        module = three_heads(flavour)
-        with module.toggle_optimizer(module.opts[0]):
-            assert not module.b.weight.requires_grad
-        assert all(state(module).values())
+        assert_a_block_toggles(flavour)
     finally:
         toggleshim.uninstall()
         for name, fn in originals.items():
@@ -830,10 +827,7 @@ def test_install_works_on_the_compile_api_of_older_torches(
             toggleshim.install()
         assert vars(cls)["toggle_optimizer"]._torchdynamo_disable is True and calls
         assert toggleshim.is_installed()
-        module = three_heads(flavour)
-        with module.toggle_optimizer(module.opts[0]):
-            assert not module.b.weight.requires_grad
-        assert all(state(module).values())
+        assert_a_block_toggles(flavour)
     finally:
         toggleshim.uninstall()
         for name, fn in originals.items():
