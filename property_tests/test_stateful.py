@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from types import MethodType
 from typing import Any
 
 import pytest
@@ -487,10 +488,18 @@ class ToggleMachine(RuleBasedStateMachine):
         assert not any(getattr(h, "__self__", None).__class__ is _block.Toggle
                        for h in torch_optimizer._global_optimizer_post_hooks.values()), "a process-wide watch"
         for k, inner in enumerate(self.torch_optimizers()):
-            watching = sorted(id(h.__self__) for h in inner._optimizer_step_post_hooks.values()
-                              if getattr(h, "__func__", None) is _block.Toggle._note_step)
+            watching, closed = [], 0  # the step watches on top of ``step`` on the instance
+            watch = vars(inner).get("step")
+            while isinstance(watch, MethodType) and watch.__func__.__qualname__.startswith("Toggle._watch_steps"):
+                if watch.__func__.closed:
+                    closed += 1
+                else:
+                    cell = dict(zip(watch.__func__.__code__.co_freevars, watch.__func__.__closure__ or ()))
+                    watching.append(id(cell["block"].cell_contents()))
+                watch = watch.__func__.covers
             stepping = sorted(id(b.toggle) for b in self.blocks if b.k == k and b.step)
-            assert watching == stepping, f"optimizer {k}: step watches of {watching}, blocks {stepping}"
+            assert sorted(watching) == stepping, f"optimizer {k}: step watches of {watching}, blocks {stepping}"
+            assert stepping or not closed, f"optimizer {k}: {closed} step watches of closed blocks left on it"
 
     def teardown(self) -> None:
         while getattr(self, "blocks", None):  # leave no block open on the module

@@ -108,9 +108,9 @@ class Toggle(Generic[_OptT]):
     _made: _Made | None  # the toggle under the block (None once closed)
     _optimizer: Any  # while the block is open: the optimizer it steps (its toggle may be undone first)
     _phase: int
-    _stepped: bool  # the block's optimizer stepped while the block was open (_note_step)
+    _stepped: bool  # the block's optimizer stepped while the block was open (_watch_steps)
     _sync_exit: list[Callable[..., Any]] | None  # the entered no-sync context's __exit__, until it is called
-    _watch: Any  # while open with step=True: the handle of the step hook on the block's torch optimizer
+    _watch: MethodType | None  # while open with step=True: the step watch on the block's torch optimizer
 
     def __new__(cls, module: Any, optimizer: _OptT, **flags: Unpack[Flags]) -> Toggle[_OptT]:
         return toggle(module, optimizer, **flags)
@@ -160,14 +160,24 @@ class Toggle(Generic[_OptT]):
         return made
 
     def _watch_steps(self, inner: Any) -> None:
-        """A hook on this optimizer alone, taken off at the exit: a step inside a block that steps on
-        exit is refused, not made twice."""
-        register = getattr(inner, "register_step_post_hook", None)
-        if register is not None:
-            self._watch = register(self._note_step)
+        """While the block is open, ``inner.step`` is a watch on this instance alone (over whatever
+        ``step`` was there), taken off at the exit: a step inside a block that steps on exit is refused,
+        not made twice. Not torch's step hooks: torch 2.0 and 2.1's dynamo strips them from every
+        optimizer class at the first ``torch.compile`` in the process."""
+        block = weakref.ref(self)
+        taken = inner.step
 
-    def _note_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._stepped = True
+        def step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            toggle = block()
+            if toggle is not None:
+                toggle._stepped = True
+            return taken(*args, **kwargs)
+
+        step.covers = vars(inner).get("step", _NOTHING)  # type: ignore[attr-defined]
+        step.closed = False  # type: ignore[attr-defined]
+        # a bound method, as torch's own LR schedulers expect ``optimizer.step`` to be
+        self._watch = watch = MethodType(step, inner)
+        inner.step = watch
 
     # -- leaving ----------------------------------------------------------------------------
 
@@ -220,7 +230,7 @@ class Toggle(Generic[_OptT]):
         """toggleshim's part of every exit, idempotent: the step watch off, the toggle undone (those
         open above it first), gradient sync resumed; then the block lets go of everything."""
         if self._watch is not None:
-            self._watch.remove()  # (idempotent)
+            _unwatch(self._watch)
         made = self._made
         error: BaseException | None = None
         try:
@@ -265,6 +275,25 @@ class Toggle(Generic[_OptT]):
         if made is None or made.done:
             return f"<toggleshim.Toggle {'closed' if self._phase == _CLOSED else 'untoggled'} (holds nothing)>"
         return made.describe(("toggled", "open", "closing")[self._phase])
+
+
+_NOTHING: Any = object()  # the step watch covered no ``step`` of the instance's own
+
+
+def _unwatch(watch: MethodType) -> None:
+    """Take a step watch off its optimizer (idempotent): the ``step`` it covered is the instance's again,
+    past the watches of blocks closed meanwhile. A watch someone else's wrapper covers in turn stays,
+    passing steps through."""
+    watch.__func__.closed = True  # type: ignore[attr-defined]
+    own = vars(watch.__self__)
+    if own.get("step") is watch:
+        covered: Any = watch.__func__.covers
+        while isinstance(covered, MethodType) and getattr(covered.__func__, "closed", False):
+            covered = covered.__func__.covers  # type: ignore[attr-defined]
+        if covered is _NOTHING:
+            own.pop("step", None)
+        else:
+            own["step"] = covered
 
 
 def _double_step(inner: Any) -> RuntimeError:

@@ -218,12 +218,20 @@ def _unhook() -> None:
 
 def _core(fn: Any) -> Any:
     """The plain function under torch's ``torch.compiler.disable`` or ``@beartype``'s wrapper, else ``fn``.
-    Torch's own by ``_torchdynamo_wrapper_id`` (``functools.wraps`` copies the marks onto others)."""
-    if getattr(fn, "_torchdynamo_disable", False) and getattr(fn, "_torchdynamo_wrapper_id", id(fn)) == id(fn):
+    Torch's own wrapper is code in torch's ``_dynamo`` (``functools.wraps`` copies its marks onto others;
+    torch >= 2.2 also stamps it with ``_torchdynamo_wrapper_id``, which older torches do not write)."""
+    if getattr(fn, "_torchdynamo_disable", False) and _is_torchs_wrapper(fn):
         return getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", fn)
     if _is_beartype_wrapper(fn):
         return _core(fn.__wrapped__)
     return fn
+
+
+def _is_torchs_wrapper(fn: Any) -> bool:
+    wrapper_id = getattr(fn, "_torchdynamo_wrapper_id", None)
+    if wrapper_id is not None:
+        return bool(wrapper_id == id(fn))
+    return _DYNAMO_FILES in getattr(getattr(fn, "__code__", None), "co_filename", "")
 
 
 def _is_beartype_wrapper(fn: Any) -> bool:
@@ -354,15 +362,18 @@ def _make_untoggle(original: Any) -> Callable[..., Any]:
 # torch.compile runs a block's entry points eagerly (torch.compiler.disable, as Lightning's own toggle):
 # traced, the bookkeeping would become dynamo guards (or a dynamo error) and zero_grad/step be compiled.
 def _disabled(fn: Callable[..., Any], like: Any = None) -> Callable[..., Any]:
-    """``torch.compiler.disable(fn)`` with ``like``'s options (torch 2.0: ``torch._dynamo.disable``; ``reason``
-    from torch 2.8 only)."""
+    """``torch.compiler.disable(fn)`` with ``like``'s options. torch 2.0 has only ``torch._dynamo.disable(fn)``
+    (no options at all); ``recursive`` arrives in 2.1, ``reason`` in 2.8: an option is passed only where
+    ``like`` carries it, which only a torch that takes it writes."""
     import torch
 
     compiler = getattr(torch, "compiler", None)
     disable = getattr(compiler, "disable", None) or importlib.import_module("torch._dynamo").disable
-    options: dict[str, Any] = {"recursive": getattr(like, "_torchdynamo_disable_recursive", True)}
+    options: dict[str, Any] = {}
+    if getattr(like, "_torchdynamo_disable_recursive", True) is False:
+        options["recursive"] = False
     reason = getattr(like, "_torchdynamo_disable_msg", None)
-    if reason is not None:  # only a torch that takes it wrote it
+    if reason is not None:
         options["reason"] = reason
     wrapped: Callable[..., Any] = disable(fn, **options)
     return wrapped

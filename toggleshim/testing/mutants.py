@@ -235,6 +235,10 @@ SHIM: dict[str, Edit] = {
         "Toggle._exit", "if self._stepped:\n    raise _double_step(_toggle._unwrap(optimizer))",
         "if False:\n    raise _double_step(_toggle._unwrap(optimizer))",
     ),
+    # the watch is ``step`` on the optimizer instance (torch's step hooks are stripped by torch 2.0 and 2.1's
+    # first torch.compile): what `check`'s torch properties must see fail
+    "the step watch never fires": Edit("Toggle._watch_steps", "toggle._stepped = True", "pass"),
+    "a step watch stays on the optimizer": Edit("_unwatch", 'own.pop("step", None)', "pass"),
     "a block inside a statement toggle is Lightning's flat one": Edit(
         "_Flat.for_block", "self.outer is not None", "False", "_toggle"
     ),
