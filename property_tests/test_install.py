@@ -324,7 +324,8 @@ class InstallMachine(RuleBasedStateMachine):
                 # torch.compile runs ours eagerly, as Lightning's newest source marks its own
                 assert getattr(fn, "_torchdynamo_disable", None) is True, key
                 recursive = getattr(self.lightning[key], "_torchdynamo_disable_recursive", True)
-                assert fn._torchdynamo_disable_recursive == recursive, key
+                # (torch 2.0 and 2.1 write no such mark, on Lightning's or on ours)
+                assert getattr(fn, "_torchdynamo_disable_recursive", True) == recursive, key
             else:
                 assert fn is self.foreign[key][-1][0], f"{key}: someone else's patch was replaced"
         assert len(_patch._hooks()) == int(self.hooked), "not exactly one import hook while installed"

@@ -16,6 +16,7 @@ from torch import nn
 DISABLE = "torch.compiler.disable" if hasattr(getattr(torch, "compiler", None), "disable") else "torch._dynamo.disable"
 disable: Any = eval(DISABLE, {"torch": torch})
 DISABLE_TAKES_RECURSIVE = "recursive" in inspect.signature(disable).parameters
+DISABLE_MARKS_RECURSIVE = hasattr(disable(lambda: None), "_torchdynamo_disable_recursive")  # from torch 2.2
 
 
 def compile_refused() -> str | None:

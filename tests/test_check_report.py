@@ -79,8 +79,14 @@ def test_a_check_failing_everywhere_fits_a_screen(failing_check: tuple[str, dict
     # and unverified code gets its way forward, each choice with its command
     assert "Your choices:" in out and "pip install --upgrade toggleshim" in out
     assert "certify" not in out.split("Your choices:", 1)[1]  # no certificate while a property fails
-    assert out.rstrip().endswith(f"{len(failed)} failed, {sum(p['examples'] for p in report['properties'])} "
-                                 f"examples in {report['seconds']:.1f} s")
+    # the torch properties ran that Lightning too, and failed (nothing untoggles), each named
+    torch_failed = [(t["flavour"], t["prop"]) for t in report["torch"] if t["verdict"] == "FAIL"]
+    assert torch_failed
+    for flavour, prop in torch_failed:
+        assert re.search(rf"{re.escape(flavour)}[^\n]* {re.escape(prop)} +FAIL", out), (flavour, prop)
+    examples = sum(p["examples"] for p in report["properties"])
+    assert out.rstrip().endswith(f"{len(failed) + len(torch_failed)} failed, {examples} examples in "
+                                 f"{report['seconds']:.1f} s")
 
 
 def test_the_json_keeps_every_counterexample_and_difference(failing_check: tuple[str, dict[str, Any]]) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 from _fixtures import (
+    DISABLE_MARKS_RECURSIVE,
     DISABLE_TAKES_RECURSIVE,
     assert_a_block_toggles,
     compile_refused,
@@ -794,8 +795,8 @@ def test_compile_marking_of_the_original_is_kept(flavour: str) -> None:
         for name in originals:
             patched = vars(cls)[name]
             assert patched._torchdynamo_disable is True
-            # (torch 2.0 writes no recursive mark: its disable has no such option)
-            assert getattr(patched, "_torchdynamo_disable_recursive", not DISABLE_TAKES_RECURSIVE) is True
+            # (torch 2.0 and 2.1 write no recursive mark)
+            assert getattr(patched, "_torchdynamo_disable_recursive", not DISABLE_MARKS_RECURSIVE) is True
             assert inspect.signature(patched).parameters.keys() >= {"self", "optimizer"}
         assert "zero_grad" in inspect.signature(cls.toggle_optimizer).parameters
         assert_a_block_toggles(flavour)

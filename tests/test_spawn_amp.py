@@ -98,7 +98,7 @@ def _amp_gan_class(pl: Any) -> type:
             # after the step and the untoggle: the state the next statement of training_step sees
             self.history.append({
                 "which": which,
-                "scale": self.trainer.precision_plugin.scaler.get_scale(),
+                "scale": None if (scaler := self.trainer.precision_plugin.scaler) is None else scaler.get_scale(),
                 "global_step": self.trainer.global_step,
                 "requires_grad": [p.requires_grad for p in self.parameters()],
                 "params": [p.detach().clone() for p in self.parameters()],

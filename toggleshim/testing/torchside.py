@@ -191,7 +191,9 @@ def _main(flavour: str) -> dict[str, tuple[str, str]]:
     warnings.simplefilter("ignore")
     import logging
 
-    for name in ("lightning", "pytorch_lightning", "lightning.pytorch", "lightning.fabric", "lightning_fabric"):
+    from toggleshim._flavours import FLAVOURS
+
+    for name in (name for f in FLAVOURS for name in (f.name, f.fabric)):  # Lightning's banners
         logging.getLogger(name).setLevel(logging.ERROR)
     pl = importlib.import_module(flavour)
     import toggleshim
