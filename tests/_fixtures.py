@@ -14,6 +14,7 @@ from torch import nn
 # torch's marking of what dynamo must not trace: torch.compiler.disable from torch 2.1; on torch 2.0,
 # torch._dynamo.disable, which takes no options (recursive= arrives in 2.1, reason= in 2.8)
 DISABLE = "torch.compiler.disable" if hasattr(getattr(torch, "compiler", None), "disable") else "torch._dynamo.disable"
+importlib.import_module("torch._dynamo")  # (torch 2.0 does not import it with torch)
 disable: Any = eval(DISABLE, {"torch": torch})
 DISABLE_TAKES_RECURSIVE = "recursive" in inspect.signature(disable).parameters
 DISABLE_MARKS_RECURSIVE = hasattr(disable(lambda: None), "_torchdynamo_disable_recursive")  # from torch 2.2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
+import inspect
 import os
 import types
 from collections.abc import Callable, Sequence
@@ -85,6 +86,9 @@ def _make_layer(spec: Any) -> nn.Module:
     return copy.deepcopy(template)
 
 
+_LAYERNORM_TAKES_BIAS = "bias" in inspect.signature(nn.LayerNorm.__init__).parameters  # from torch 2.1
+
+
 def _new_layer(spec: Any) -> nn.Module:
     d = spec.dims
     skip = nn.utils.skip_init  # no draw from torch's global RNG: every value is filled from the seed
@@ -95,7 +99,12 @@ def _new_layer(spec: Any) -> nn.Module:
     if spec.kind == "embedding":
         return cast(nn.Module, skip(nn.Embedding, d[0], d[1]))  # type: ignore[no-untyped-call]
     if spec.kind == "layernorm":
-        return cast(nn.Module, skip(nn.LayerNorm, d[0], bias=spec.bias))  # type: ignore[no-untyped-call]
+        if _LAYERNORM_TAKES_BIAS:
+            return cast(nn.Module, skip(nn.LayerNorm, d[0], bias=spec.bias))  # type: ignore[no-untyped-call]
+        layer = cast(nn.Module, skip(nn.LayerNorm, d[0]))  # type: ignore[no-untyped-call]
+        if not spec.bias:  # torch 2.0: what LayerNorm(bias=False) is from torch 2.1 on
+            layer.register_parameter("bias", None)
+        return layer
     if spec.kind == "batchnorm":
         return cast(nn.Module, skip(nn.BatchNorm1d, d[0]))  # type: ignore[no-untyped-call]
     raise ValueError(f"unknown layer kind {spec.kind!r}")
