@@ -348,7 +348,9 @@ class ToggleMachine(RuleBasedStateMachine):
             at = data.draw(st.integers(0, len(target["params"]) - 1))
             _edit(target, lambda lst: lst.__setitem__(at, param))
         elif how == "add group" and not any(param is q for q in _params(opts[k])):
-            opts[k].add_param_group({"params": [param]})  # torch refuses a parameter the optimizer holds
+            # torch refuses a parameter the optimizer holds; an lr of its own: before torch 2.2, SGD made with
+            # per-group lrs has no default lr for a new group
+            opts[k].add_param_group({"params": [param], "lr": opts[k].param_groups[0]["lr"]})
         elif how == "remove" and filled:
             target = data.draw(st.sampled_from(filled))
             at = data.draw(st.integers(0, len(target["params"]) - 1))

@@ -70,6 +70,33 @@ def test_a_nested_block_over_the_same_optimizer_steps_once(flavour: str) -> None
         module.a.weight.sum().backward()
 
 
+def test_a_step_that_raises_is_no_step_for_the_blocks_around_it(flavour: str) -> None:
+    """A step that fails (an inner block's exit, or the body's own call) made no step: the block around it
+    steps on its clean exit, once, as the manual sequence would (found on torch 2.1.2 by the stateful
+    machine: a watch that marked before calling the step refused the outer block's)."""
+    module = three_heads(flavour)
+    opt = module.opts[0]
+    real, failing, calls = opt.step, [False], []
+
+    def step(*args: Any, **kwargs: Any) -> Any:  # on the instance before the blocks: their watches cover it
+        if failing[0]:
+            calls.append("failed")
+            raise RuntimeError("step failed")
+        return real(*args, **kwargs)
+
+    opt.step = step
+    weight = module.a.weight.detach().clone()
+    with module.toggle_optimizer(opt):
+        with pytest.raises(RuntimeError, match="step failed"), module.toggle_optimizer(opt, zero_grad=False):
+            module.a.weight.sum().backward()
+            failing[0] = True  # the inner block's exit steps: it fails
+        with pytest.raises(RuntimeError, match="step failed"):
+            opt.step()  # the body's own, failing
+        failing[0] = False
+    assert calls == ["failed", "failed"]
+    assert not torch.equal(weight, module.a.weight) and all(state(module).values())  # the outer block stepped
+
+
 def test_watching_for_steps_leaves_the_optimizer_as_it_was(flavour: str) -> None:
     """Nothing stays on the optimizer: inside the block and after it, its attributes, ``state_dict``,
     deepcopy and pickle round trip are those of the same optimizer driven by Lightning's own manual

@@ -171,10 +171,11 @@ class Toggle(Generic[_OptT]):
         taken = inner.step
 
         def step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            toggle = block()
+            stepped = taken(*args, **kwargs)
+            toggle = block()  # a step that raised is no step (as for torch's post-step hooks)
             if toggle is not None:
                 toggle._stepped = True
-            return taken(*args, **kwargs)
+            return stepped
 
         step.covers = own.get("step", _NOTHING)  # type: ignore[attr-defined]
         step.closed = False  # type: ignore[attr-defined]
