@@ -31,6 +31,14 @@ def compile_refused() -> str | None:
     return None
 
 
+def torch_properties_that_apply() -> int:
+    """How many of ``check``'s torch properties pass here (the compile one is n/a where torch.compile
+    refuses this Python)."""
+    from toggleshim.testing.torchside import PROBES
+
+    return len(PROBES) - (compile_refused() is not None)
+
+
 def default_run() -> bool:
     """The default run (profile dev), kept within five minutes; ci, deep and mutants run every case."""
     return os.environ.get("HYPOTHESIS_PROFILE", "dev") == "dev"
