@@ -117,6 +117,7 @@ def test_wheel_holds_the_package_typed_marker_and_license_only(dists: dict[str, 
     package = {n for n in names if not n.startswith(info)}
     expected = {f for f in _source_files("toggleshim") if f.endswith((".py", "py.typed"))}
     expected.add("toggleshim_pytest.py")  # the pytest plugin: top level, so loading it imports no torch
+    expected.add("toggleshim_trainer.py")  # the Trainer's callbacks factory: top level, for the same reason
     assert package == expected, f"extra: {package - expected}, missing: {expected - package}"
     assert "toggleshim/py.typed" in package
     assert not [n for n in names if n.startswith(NOT_IN_WHEEL) or n.endswith((".so", ".c", ".pyd"))]
