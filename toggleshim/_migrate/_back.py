@@ -343,3 +343,42 @@ class _Unmigrator(_Walker):
             body=cst.IndentedBlock(body=body, indent=indent, footer=footer), finalbody=cst.Finally(body=untoggle)
         )
         return [toggle, guarded]
+
+
+@dataclass
+class _StepInside:
+    """A ``X.step(...)`` inside a block over ``X`` that steps on exit (``migrate --check``)."""
+
+    line: int  # of the step call
+    block_line: int
+    block: str  # the block's call as written
+    step: str  # the step call as written
+    when: str | None  # the block's step flag where it is not a literal (it steps when that is true)
+
+
+def steps_inside(module: cst.Module, positions: Any, program: _Program) -> list[_StepInside]:
+    """Each ``.step(...)`` on a block's own optimizer (its expression, or the ``as`` name) inside a block
+    whose ``step`` flag is not a literal ``False``: the block would step it again on exit (toggleshim
+    refuses that at the exit with a ``RuntimeError``). Steps of other optimizers are not the block's."""
+    walker = _Unmigrator(module, positions, program)
+    found: list[_StepInside] = []
+    for node in _nodes(module):
+        if not isinstance(node, cst.With) or not node.items:
+            continue
+        item = node.items[0]
+        read = walker.read(item.item)
+        if read is None or not read.args:
+            continue
+        step = next((a.value for a in read.call.args if a.keyword is not None and a.keyword.value == "step"), None)
+        if isinstance(step, cst.Name) and step.value == "False":
+            continue
+        when = None if step is None or (isinstance(step, cst.Name) and step.value == "True") else _code(step).strip()
+        opt = read.args[-1].value
+        names = [opt] + ([item.asname.name] if item.asname is not None and isinstance(item.asname.name, cst.Name)
+                         else [])
+        for sub in (n for s in walker.body(node) for n in _nodes(s)):
+            m = _method_call(sub)
+            if m is not None and m[1] == "step" and any(_same(m[0], n) for n in names):
+                found.append(_StepInside(walker.line(sub), walker.line(node), _code(read.call).strip(),
+                                         _code(sub).strip(), when))
+    return found

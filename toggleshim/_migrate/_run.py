@@ -13,7 +13,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from toggleshim._migrate._assumptions import ASSUMPTIONS
-from toggleshim._migrate._back import _Block, _Unmigrator
+from toggleshim._migrate._back import _Block, _StepInside, _Unmigrator, steps_inside
 from toggleshim._migrate._imports import _add_import, _drop_imports, _names_used, _of_toggleshim
 from toggleshim._migrate._program import _Program
 from toggleshim._migrate._rules import _Migrator, _Span
@@ -32,6 +32,7 @@ class _FileResult:
     # overrides of toggle_optimizer that drop the toggle a `with self.toggle_optimizer(...)` of this
     # file uses: ((the override's file, the line of its super() call, its class), the block's line)
     dropped: list[tuple[tuple[str, int, str], int]] = field(default_factory=list)
+    steps_inside: list[_StepInside] = field(default_factory=list)  # a step inside a block that steps (--check)
 
 
 @dataclass
@@ -63,6 +64,7 @@ def _migrate_parsed(parsed: _Parsed, program: _Program, assume: frozenset[str] =
     result.plain, result.outside = migrator.plain, migrator.outside
     result.dropped = [((c.path, c.drops, c.name), line) for line, cls in migrator.blocks for c in program.dropping(cls)
                       if c.drops is not None]
+    result.steps_inside = steps_inside(parsed.module, parsed.positions, program)
     return result
 
 
