@@ -30,17 +30,13 @@ from toggleshim._flavours import FLAVOURS, Flavour
 from toggleshim._known import KNOWN
 from toggleshim._ours import MODE as _MODE
 from toggleshim._ours import ORIGINAL as _SENTINEL  # noqa: F401  (tests read it here)
-from toggleshim._ours import mark, original_of
+from toggleshim._ours import ToggleshimWarning, mark, original_of
 from toggleshim._toggle import untoggled
 
 __all__ = ["ToggleshimWarning", "install", "is_installed", "uninstall"]
 
 _PATCHED = ("toggle_optimizer", "untoggle_optimizer")
 _OUR_FLAGS = tuple(FLAGS)
-
-
-class ToggleshimWarning(UserWarning):
-    """``install()`` left a Lightning flavour untouched, or gave it the fallback block (and why)."""
 
 
 @dataclass(frozen=True)
@@ -379,7 +375,8 @@ entering calls ``opt.zero_grad()`` (if ``zero_grad``); a clean exit calls ``opt.
 nested block restores the state found on entry.
 
 Args:
-    optimizer: a ``torch.optim.Optimizer`` or the ``LightningOptimizer`` from ``self.optimizers()``.
+    optimizer: the ``LightningOptimizer`` from ``self.optimizers()`` (a ``torch.optim.Optimizer`` toggles
+        too, but its steps are not counted in ``trainer.global_step``: a warning, once per optimizer).
 """ + "".join(f"    {name}: {doc}\n" for name, (_, doc) in FLAGS.items())
 
 _TOGGLE_SIGNATURE = inspect.Signature([
