@@ -14,7 +14,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from toggleshim._migrate._assumptions import ASSUMPTIONS
 from toggleshim._migrate._back import _Block, _StepInside, _Unmigrator, steps_inside
-from toggleshim._migrate._imports import _add_import, _drop_imports, _names_used, _of_toggleshim
+from toggleshim._migrate._imports import _add_import, _add_stdlib_import, _drop_imports, _names_used, _of_toggleshim
 from toggleshim._migrate._program import _Program
 from toggleshim._migrate._rules import _Migrator, _Span
 from toggleshim._migrate._syntax import _nodes
@@ -176,6 +176,8 @@ class _BackResult:
 def _unmigrate_parsed(parsed: _Parsed, program: _Program) -> _BackResult:
     walker = _Unmigrator(parsed.module, parsed.positions, program)
     module = walker.run()
+    if walker.needs_contextlib:  # a block with sync_grad became the statements: they enter a context
+        module = _add_stdlib_import(module, "contextlib", parsed.path)
     blocks = sorted(walker.blocks, key=lambda b: b.line)
     return _BackResult(parsed.path, parsed.source, parsed.module, module, blocks, sorted(set(walker.other)),
                        walker.imports, bool(walker.plain), walker.outside)
