@@ -508,6 +508,33 @@ def test_issue_44_every_finder_arrangement_ends_patched_and_trains(case: str, fl
     assert "fit ok" in proc.stdout, proc.stdout
 
 
+def test_the_first_trainer_judges_a_flavour_no_import_showed_and_respects_uninstall() -> None:
+    """toggleshim's finder taken out of ``sys.meta_path``: the flavour is judged at the first
+    ``Trainer(...)`` (here unverified code: the fallback, and its warning points at the user's
+    ``Trainer`` line); after ``uninstall()`` a Trainer patches nothing."""
+    code = textwrap.dedent("""
+        import sys, warnings
+        import toggleshim
+        from toggleshim import _known, _patch
+        _known.KNOWN.clear()  # the installed Lightning's code is now unverified to toggleshim: a warning
+        sys.meta_path[:] = [f for f in sys.meta_path if not _patch._is_hook(f)]
+        import lightning.pytorch as pl
+        assert not _patch._hooks() and _patch._mode(_patch._flavours()[0]) is None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pl.Trainer(logger=False, enable_checkpointing=False)  # line 11
+        (w,) = [w for w in caught if issubclass(w.category, toggleshim.ToggleshimWarning)]
+        assert (w.filename, w.lineno) == ("<string>", 11), (w.filename, w.lineno)
+        assert _patch._mode(_patch._flavours()[0]) == "fallback"
+        toggleshim.uninstall()
+        pl.Trainer(logger=False, enable_checkpointing=False)
+        assert _patch._mode(_patch._flavours()[0]) is None
+        print("ok")
+    """)
+    proc = _run([sys.executable, "-c", code])
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
 def test_issue_44_the_hook_is_asked_for_nothing_it_cannot_answer_twice() -> None:
     """A finder delegating to every finder (toggleshim's too) without skipping toggleshim's, behind
     it: toggleshim's finder, asked back for the name it is looking for, says None (no recursion)."""
