@@ -14,7 +14,6 @@ import importlib.abc
 import inspect
 import os
 import sys
-import threading
 import traceback
 import types
 import warnings
@@ -164,7 +163,7 @@ class _ImportHook:
             _judge_on_import(self.trust_unknown, stacklevel=_importers_level())
         if fullname not in _HOOKED:
             return None
-        finding = _local.__dict__.setdefault("finding", set())
+        finding = _block._local.__dict__.setdefault("finding", set())  # (per thread)
         if fullname in finding:  # a finder that asks every other finder (this one too) asked back
             return None
         finding.add(fullname)
@@ -192,13 +191,13 @@ def _find_behind(hook: Any, fullname: str, path: Any, target: Any) -> Any:
     return None
 
 
-# Per thread: the names this thread's hook is looking for (a finder delegating back to it gets None)
-_local = threading.local()
 # flavour name -> the LightningModule class install() last judged (whatever its verdict): a class not
 # judged yet was loaded by a finder in front of the hook (or another thread), and is judged at the next
-# import the hook is asked about, or at the next Trainer's construction (_at_trainer)
-_judged: dict[str, type] = {}
-_wanted: list[bool] = [False]  # install() ran and uninstall() did not since: what _at_trainer acts on
+# import the hook is asked about, or at the next Trainer's construction (_at_trainer); and _INSTALLED,
+# present from install() to uninstall(): what _at_trainer acts on. (The names the hook is looking for,
+# per thread, are in _block._local: a finder delegating back to it gets None.)
+_judged: dict[str, type | None] = {}
+_INSTALLED = "*"
 
 
 def _unjudged() -> bool:
@@ -226,7 +225,7 @@ def _at_trainer() -> None:
     """At each Trainer's construction (the ``callbacks_factory`` entry point, ``toggleshim_trainer.py``):
     a flavour no import hook saw loading (a finder in front answering every import, the hook taken out
     of ``sys.meta_path``) is judged now, before any block can run."""
-    if _wanted[0] and _unjudged():
+    if _INSTALLED in _judged and _unjudged():
         hooks = _hooks()
         _judge_on_import(bool(hooks) and hooks[0].trust_unknown, stacklevel=_users_level())
 
@@ -241,8 +240,9 @@ def _users_level() -> int:
     return level
 
 
-_NOT_USERS = frozenset({"toggleshim", "toggleshim_trainer", "lightning", "pytorch_lightning", "lightning_fabric",
-                        "lightning_utilities"})
+# the top-level packages of toggleshim and of each flavour (its own, its Fabric's, their utilities)
+_NOT_USERS = frozenset({"toggleshim", "toggleshim_trainer", "lightning_utilities",
+                        *(f.top for f in FLAVOURS), *(f.fabric.partition(".")[0] for f in FLAVOURS)})
 
 
 def _is_hook(finder: Any) -> bool:
@@ -498,7 +498,7 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> d
     unverified code too. ``defer``: warnings the filters raise are kept in ``_pending`` (a fallback raises
     them at its first call). ``stacklevel``: counting this function as 1."""
     _hook(trust_unknown)
-    _wanted[0] = True
+    _judged[_INSTALLED] = None
     flavours = _flavours()
     for flavour in flavours:  # first: an import made while judging (torch._dynamo) does not judge again
         _judged[flavour.name] = flavour.module_cls
@@ -543,8 +543,7 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> d
 def uninstall() -> None:
     """Put back the exact original function objects on every flavour (a no-op where not installed)."""
     _pending.clear()  # about what toggleshim did, undone now: install() judges afresh
-    _wanted[0] = False
-    _judged.clear()
+    _judged.clear()  # not installed, nothing judged
     _spawn.unregister()
     _unhook()
     for flavour in _flavours():
@@ -594,7 +593,7 @@ def _trusting() -> Iterator[dict[str, Verdict]]:
     the verdicts; afterwards the exact objects and import hook found before."""
     flavours = _flavours()
     saved = {(f.module_cls, name): vars(f.module_cls).get(name) for f in flavours for name in _PATCHED}
-    hooked, pending, judged, wanted = bool(_hooks()), dict(_pending), dict(_judged), _wanted[0]
+    hooked, pending, judged = bool(_hooks()), dict(_pending), dict(_judged)
     uninstall()
     try:
         yield _install(True)
@@ -605,7 +604,6 @@ def _trusting() -> Iterator[dict[str, Verdict]]:
                 setattr(cls, name, fn)
         _pending.update(pending)
         _judged.update(judged)
-        _wanted[0] = wanted
         if hooked:
             _hook(False)
 
