@@ -52,3 +52,19 @@ class MyGAN(GAN):
 
 def test_my_gan_trains_like_manual():
     assert_trains_like_manual(MyGAN, max_steps=16)  # 8 batches, two optimizer steps each
+
+
+def test_my_gan_trains_both_networks_and_counts_every_step():
+    """Your training logic, which ``assert_trains_like_manual`` cannot see (it compares two runs of the
+    same ``training_step``): one batch trains both networks, and Lightning counts both steps (a raw
+    ``torch.optim.Optimizer`` in a block would leave ``global_step`` at 0)."""
+    from lightning.pytorch import Trainer
+
+    torch.manual_seed(0)
+    model = MyGAN()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer = Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model)
+    assert trainer.global_step == 2  # one batch: the discriminator's step and the generator's
+    assert all(not torch.equal(before[name], p) for name, p in model.named_parameters())

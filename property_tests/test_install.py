@@ -404,10 +404,11 @@ _FINDERS = st.one_of(
        name=st.sampled_from(["lightning.pytorch.core.module", "pytorch_lightning.core.module",
                              "lightning.pytorch.core.optimizer", "lightning", "json"]))
 def test_the_import_hook_finds_what_the_other_finders_find(finders: list[Any], at: int, name: str) -> None:
-    """The hook asks the finders after it (and before it), skipping every import hook of toggleshim's
-    and the old-style finders, in order; the first spec found is the answer, its loader wrapped to
-    install toggleshim after it ran (where it runs modules with ``exec_module``). Any module but a
-    flavour's ``core.module`` is not the hook's business: None, nobody asked."""
+    """The hook asks the finders after it, as the import system would (those before it said None
+    already, or are asking it: a delegating finder), skipping every import hook of toggleshim's and the
+    old-style finders, in order; the first spec found is the answer, its loader wrapped to install
+    toggleshim after it ran (where it runs modules with ``exec_module``). Any module but a flavour's
+    ``core.module`` is not the hook's business: None, nobody asked."""
     hook = _patch._ImportHook()
     path = [*finders[:at], hook, *finders[at:]]
     asked = [f for f in path if isinstance(f, _Finder)]
@@ -421,12 +422,14 @@ def test_the_import_hook_finds_what_the_other_finders_find(finders: list[Any], a
     if name not in ("lightning.pytorch.core.module", "pytorch_lightning.core.module"):
         assert spec is None and all(f.asked == 0 for f in asked)
         return
-    first = next((i for i, f in enumerate(path) if isinstance(f, _Finder) and f.spec is not None), None)
+    at = min(at, len(finders))  # the hook's index in path
+    first = next((i for i, f in enumerate(path) if i > at and isinstance(f, _Finder) and f.spec is not None), None)
     if first is None:
-        assert spec is None and all(f.asked == 1 for f in asked)
+        assert spec is None and [f.asked for f in asked] == [int(i > at) for i, f in enumerate(path)
+                                                             if isinstance(f, _Finder)]
         return
     assert spec is path[first].spec
-    assert [f.asked for f in asked] == [int(i <= first) for i, f in enumerate(path) if isinstance(f, _Finder)]
+    assert [f.asked for f in asked] == [int(at < i <= first) for i, f in enumerate(path) if isinstance(f, _Finder)]
     if isinstance(loaders[first], _Loader):
         assert isinstance(spec.loader, _patch._PatchingLoader) and spec.loader._loader is loaders[first]
     else:

@@ -282,11 +282,14 @@ class Block:
 def expected_back(block: Block) -> list[bool]:
     """The rules of the way back, restated: which blocks become statements (in source order: a nested
     block, then the block inside it). A return leaves a block cleanly, and a block that steps on exit
-    steps there; an exception is a block's own path; nesting, sync_grad=False and a flag that is not
-    a literal stay blocks."""
+    steps there; an exception is a block's own path; nesting stays blocks. sync_grad=False becomes the
+    strategy's no-sync context around the statements, a flag that is a name their condition, unless the
+    body rebinds the name (an inert line may: ``flag, other = ...``) (issue 44)."""
     if block.kind == "nested":
         return [False, False]
-    return [block.kind in ("clean", "raise") or (block.kind == "return" and not block.step)]
+    if block.kind == "name-flag":
+        return [not any(op == "inert" and INERT[arg % len(INERT)].startswith("flag,") for op, arg in block.ops)]
+    return [block.kind in ("clean", "raise", "sync") or (block.kind == "return" and not block.step)]
 
 
 def expected_program_back(program: tuple[object, ...]) -> list[bool]:

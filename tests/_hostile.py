@@ -17,9 +17,9 @@ from toggleshim import _block, _toggle
 PACKAGE = str(Path(toggleshim.__file__).parent)
 HARNESS = str(Path(PACKAGE) / "testing")
 # Not the toggle's lines: run by the import system or the interpreter at any time (toggleshim's import
-# hook and the meta path's iteration, at every import; the weak reference callbacks of a module's
+# hook and what it asks, at every import; the weak reference callbacks of a module's
 # state, a lambda in _state: a module dying, and of its cached layout: a parameter dying).
-ASYNCHRONOUS = {"_forget", "find_spec", "__iter__", "_is_hook", "_stale"}
+ASYNCHRONOUS = {"_forget", "find_spec", "_unjudged", "_find_behind", "_is_hook", "_stale"}
 ASYNCHRONOUS_CODE = {c for c in _toggle._state.__code__.co_consts if hasattr(c, "co_code")}
 
 

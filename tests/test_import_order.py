@@ -1,12 +1,17 @@
 """Import orders toggleshim must survive (issue 25, points 4 and 5), each in a fresh process, as users run it.
 
 Another import hook in front of toggleshim's (typeguard's import hook, ``beartype.claw``, a plain finder
-delegating to ``PathFinder``): Lightning imported after it is still patched, by toggleshim's hook (asked
-first wherever it stands: ``sys.meta_path`` is a list that hands it out first), and a
-``with`` block runs under a real ``Trainer.fit``. Warnings as errors (``python -W error``, pytest's
-``filterwarnings = error``), in both import orders, on verified and on unverified toggle code: the
-imports complete, and toggleshim's warning is raised from toggleshim's own entry points (the fallback
-``toggle_optimizer``, ``toggleshim.toggle()``, ``install()``) before anything changes.
+delegating to ``PathFinder``): Lightning imported after it is still patched, and a ``with`` block runs
+under a real ``Trainer.fit``. ``sys.meta_path`` stays a plain list in the order it shows; toggleshim's
+finder patches a flavour it finds, one another finder loaded at the next import it is asked about,
+and one no import showed it at the next ``Trainer``'s construction (``toggleshim_trainer.py``).
+Issue 44's cases 1-4 (a finder delegating to every other, finders replaced by index, the list rebound,
+Lightning imported by another thread meanwhile) are in the middle, each in a fresh process.
+
+Warnings as errors (``python -W error``, pytest's ``filterwarnings = error``), in both import orders, on
+verified and on unverified toggle code: the imports complete, and toggleshim's warning is raised from
+toggleshim's own entry points (the fallback ``toggle_optimizer``, ``toggleshim.toggle()``, ``install()``)
+before anything changes.
 
 The unverified code: with toggleshim first, its list of verified code is emptied before Lightning is
 imported (the installed Lightning's code is then unverified to it); with Lightning first, its toggle
@@ -129,10 +134,11 @@ print("loaded by", type(loader).__name__, "over", type(getattr(loader, "_loader"
 @pytest.mark.parametrize("how", ["import {flavour}", "importlib.import_module({flavour!r})",
                                  "importlib.import_module({flavour!r} + '.core.module')"])
 def test_lightning_behind_a_delegating_finder_is_patched_and_trains(flavour: str, how: str) -> None:
-    """A finder inserted in front of toggleshim's hook, answering every module itself: the import
-    system still asks toggleshim's hook first (``sys.meta_path`` hands it out first), which wraps the
-    loader that finder returns, however the user's code imports Lightning: an import statement, or
-    ``importlib.import_module``, of the package or of ``core.module`` itself."""
+    """A finder inserted in front of toggleshim's hook, answering every module itself (toggleshim's
+    hook may never be asked): the flavour is patched by the first ``Trainer`` at the latest, however
+    the user's code imported Lightning: an import statement, or ``importlib.import_module``, of the
+    package or of ``core.module`` itself. (Until issue 44 ``sys.meta_path`` was a list subclass that
+    handed toggleshim's hook out first; it is a plain list now, and the ``Trainer`` is the last point.)"""
     name = flavour
     code = textwrap.dedent("""
         import importlib, importlib.machinery, sys, warnings
@@ -147,13 +153,13 @@ def test_lightning_behind_a_delegating_finder_is_patched_and_trains(flavour: str
             warnings.simplefilter("always")
             {how}
         assert not [w for w in caught if issubclass(w.category, toggleshim.ToggleshimWarning)], caught
+        assert type(sys.meta_path) is list and isinstance(sys.meta_path[0], Delegating)
         import {flavour}
-    """).format(flavour=name, how=how.format(flavour=name)) + _PATCHED.format(flavour=name) + _FIT.format(
+    """).format(flavour=name, how=how.format(flavour=name)) + _FIT.format(flavour=name) + _PATCHED.format(
         flavour=name)
     proc = _run([sys.executable, "-c", code])
     assert proc.returncode == 0, proc.stderr
-    # the delegating finder's loader ran core.module, wrapped by toggleshim's hook
-    assert "loaded by _PatchingLoader over SourceFileLoader" in proc.stdout and "fit ok" in proc.stdout, proc.stdout
+    assert "fit ok" in proc.stdout and "loaded by SourceFileLoader" in proc.stdout, proc.stdout
 
 
 # Lightning < 2.4 warns at its own import (pkg_resources, lightning_utilities' deprecations): those
@@ -162,6 +168,9 @@ _LIGHTNINGS_OWN = ("ignore::DeprecationWarning", "ignore:pkg_resources is deprec
 
 
 def test_lightning_behind_typeguards_import_hook_is_patched() -> None:
+    """typeguard's finder answers for ``lightning.pytorch.core.*`` in front of toggleshim's: its loader
+    runs ``core.module`` (instrumented as the user asked), and toggleshim's finder, asked about the
+    next module Lightning imports, patches the flavour before ``import lightning.pytorch`` returns."""
     code = textwrap.dedent("""
         import sys
         import toggleshim
@@ -174,7 +183,7 @@ def test_lightning_behind_typeguards_import_hook_is_patched() -> None:
     """) + _PATCHED.format(flavour="lightning.pytorch") + _ATTACHED.format(flavour="lightning.pytorch")
     proc = _run([sys.executable, "-W", "ignore", "-c", code])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "loaded by _PatchingLoader over TypeguardLoader" in proc.stdout and "block ok" in proc.stdout, proc.stdout
+    assert "loaded by TypeguardLoader" in proc.stdout and "block ok" in proc.stdout, proc.stdout
 
 
 def test_lightning_under_beartype_claw_is_patched_and_uninstall_gives_beartypes_method_back() -> None:
@@ -227,8 +236,9 @@ def test_lightning_behind_a_finder_after_uninstall_is_left_alone_until_install()
 @pytest.mark.parametrize("finder", ["in front", "none"])
 def test_warning_at_a_lightning_import_points_at_lightnings_import_statement(finder: str) -> None:
     """The gate's warning for a flavour imported later points where that import happened in
-    Lightning's package (the statement importing core.module, with or without a finder in front of
-    toggleshim's hook), never into toggleshim."""
+    Lightning's package (the statement importing core.module), never into toggleshim; where a finder in
+    front answers every import (toggleshim's hook never asked), it comes at the first ``Trainer(...)``
+    and points at that line, the user's."""
     code = textwrap.dedent("""
         import importlib.machinery, os, sys, warnings
         import toggleshim
@@ -244,9 +254,15 @@ def test_warning_at_a_lightning_import_points_at_lightnings_import_statement(fin
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             import lightning.pytorch
+            if {behind}:
+                lightning.pytorch.Trainer(logger=False, enable_checkpointing=False)  # the user's line
         (w,) = [w for w in caught if issubclass(w.category, toggleshim.ToggleshimWarning)]
         package = os.path.dirname(lightning.pytorch.__file__)
-        assert w.filename.startswith(package + os.sep), w.filename
+        if {behind}:
+            # at the Trainer, or at an import asked of toggleshim's finder meanwhile: never in toggleshim
+            assert "toggleshim" not in w.filename and not w.filename.startswith("<frozen"), w.filename
+        else:
+            assert w.filename.startswith(package + os.sep), w.filename
         print(os.path.relpath(w.filename, package), w.lineno)
     """).format(behind=finder == "in front")
     proc = _run([sys.executable, "-c", code])
@@ -342,12 +358,15 @@ def test_an_install_at_an_import_under_warnings_as_errors_keeps_the_warning(
         assert state(m) == before
 
 
-# the meta path: toggleshim's hook is asked first, wherever it stands; a list in every other way
+# the meta path: a plain list, in the order it shows, toggleshim's finder one entry of it
 
 
-def test_the_meta_path_is_a_list_that_hands_the_hook_out_first() -> None:
+def test_the_meta_path_stays_a_plain_list_in_the_order_it_shows() -> None:
+    """``import toggleshim`` puts one plain finder first and nothing else: ``type(sys.meta_path) is
+    list``, iteration, indexing, ``copy`` and ``pickle`` agree; a finder inserted later stays where it
+    was put; ``uninstall()`` takes the finder out and leaves every other entry in its place."""
     code = textwrap.dedent("""
-        import importlib.machinery, sys
+        import copy, importlib.machinery, pickle, sys
         plain = list(sys.meta_path)
         import toggleshim
         from toggleshim import _patch
@@ -359,17 +378,187 @@ def test_the_meta_path_is_a_list_that_hands_the_hook_out_first() -> None:
         theirs = Theirs()
         sys.meta_path.insert(0, theirs)
         (hook,) = _patch._hooks()
-        assert isinstance(sys.meta_path, list) and sys.meta_path[0] is theirs and sys.meta_path[1] is hook
-        assert list(sys.meta_path) == [hook, theirs, *plain], list(sys.meta_path)  # iterated: the hook first
-        assert len(sys.meta_path) == len(plain) + 2 and sys.meta_path.index(theirs) == 0
+        assert type(sys.meta_path) is list and sys.meta_path[:2] == [theirs, hook]
+        assert list(sys.meta_path) == [sys.meta_path[i] for i in range(len(sys.meta_path))] == [theirs, hook, *plain]
+        assert copy.copy(sys.meta_path) == sys.meta_path and type(copy.copy(sys.meta_path)) is list
+        assert [type(f) for f in pickle.loads(pickle.dumps(sys.meta_path[2:]))] == [type(f) for f in plain]
         toggleshim.uninstall()
-        assert type(sys.meta_path) is list and sys.meta_path == [theirs, *plain]  # a plain list, as it was
+        assert type(sys.meta_path) is list and sys.meta_path == [theirs, *plain]
         toggleshim.install()
-        assert type(sys.meta_path).__name__ == "_MetaPath" and list(sys.meta_path)[0] is _patch._hooks()[0]
+        assert sys.meta_path[0] is _patch._hooks()[0] and sys.meta_path[1:] == [theirs, *plain]
         print("ok")
     """)
     proc = _run([sys.executable, "-c", code])
     assert proc.returncode == 0 and proc.stdout.split() == ["ok"], proc.stderr[-3000:]
+
+
+# issue 44, cases 1-4: every finder arrangement and thread interleaving ends patched (each case in a
+# fresh process, trained under a real Trainer.fit); before issue 44 case 1 died with RecursionError,
+# cases 2-4 trained unpatched (the first block: 'NoneType' object does not support the context manager
+# protocol), silently
+
+_RECORD = """
+import warnings
+warnings.simplefilter("always")
+_caught = warnings.catch_warnings(record=True)
+_warned = _caught.__enter__()
+"""
+_NO_WARNING = """
+assert not [w for w in _warned if "toggleshim" in str(w.message).lower()], [str(w.message) for w in _warned]
+"""
+
+_CASES_44 = {
+    "1: a finder delegating to every other finder, inserted at 0": """
+        import importlib.machinery, sys
+        import toggleshim
+
+        class Delegating:  # asks the other finders (toggleshim's too), skipping itself
+            def find_spec(self, fullname, path, target=None):
+                for finder in sys.meta_path:
+                    if finder is not self and hasattr(finder, "find_spec"):
+                        spec = finder.find_spec(fullname, path, target)
+                        if spec is not None:
+                            return spec
+                return None
+
+        sys.meta_path.insert(0, Delegating())
+        import {flavour}
+        assert toggleshim.is_installed()  # patched at the import itself: toggleshim's finder was asked
+    """,
+    "2: finders replaced by index after another finder was inserted at 0": """
+        import importlib.machinery, sys
+        import toggleshim
+
+        class Theirs:
+            def find_spec(self, fullname, path, target=None):
+                return None
+
+        class Better(Theirs):  # their finder's next version, put where the old one is
+            pass
+
+        sys.meta_path.insert(0, Theirs())
+        for i, f in enumerate(sys.meta_path):
+            if type(f) is Theirs:
+                sys.meta_path[i] = Better()
+        assert type(sys.meta_path[0]) is Better and type(sys.meta_path[1]).__name__ == "_ImportHook"
+        import {flavour}
+        assert toggleshim.is_installed()
+    """,
+    "2b: toggleshim's own finder replaced by index": """
+        import importlib.machinery, sys
+        import toggleshim
+
+        class Finder:
+            def find_spec(self, fullname, path, target=None):
+                return importlib.machinery.PathFinder.find_spec(fullname, path, target)
+
+        for i, f in enumerate(sys.meta_path):
+            if type(f).__name__ == "_ImportHook":
+                sys.meta_path[i] = Finder()  # no finder of toggleshim's is left: the Trainer patches
+        import {flavour}
+    """,
+    "3: import toggleshim while another thread is importing Lightning": """
+        import sys, threading
+
+        inside, go = threading.Event(), threading.Event()
+
+        class Pause:  # holds the Lightning import in its core.module, LightningModule not defined yet
+            def find_spec(self, fullname, path, target=None):
+                core = sys.modules.get("{flavour}.core.module")
+                if core is not None and not hasattr(core, "LightningModule") and not inside.is_set():
+                    inside.set()
+                    go.wait(60)
+                return None
+
+        sys.meta_path.insert(0, Pause())
+        lightning = threading.Thread(target=lambda: __import__("{flavour}"))
+        lightning.start()
+        assert inside.wait(300), "the other thread never reached core.module"
+        import toggleshim  # while that thread is inside core.module
+        go.set()
+        lightning.join()
+        import {flavour}
+    """,
+    "4: sys.meta_path rebound with a finder answering every import in front": """
+        import importlib.machinery, sys
+        import toggleshim
+
+        class Finder:
+            def find_spec(self, fullname, path, target=None):
+                return importlib.machinery.PathFinder.find_spec(fullname, path, target)
+
+        sys.meta_path = [Finder()] + sys.meta_path
+        import {flavour}
+    """,
+}
+
+
+@pytest.mark.one_flavour_by_default
+@pytest.mark.parametrize("case", list(_CASES_44))
+def test_issue_44_every_finder_arrangement_ends_patched_and_trains(case: str, flavour: str) -> None:
+    """Each arrangement of issue 44, in a fresh process: the flavour ends patched without a word
+    (at the import, or at the latest at the first ``Trainer``), ``sys.meta_path`` a plain list, and
+    blocks train under a real ``Trainer.fit`` (_FIT: each block freezes the other head, every step ran)."""
+    code = (_RECORD + textwrap.dedent(_CASES_44[case]).format(flavour=flavour) + _FIT.format(flavour=flavour)
+            + textwrap.dedent("""
+                assert toggleshim.is_installed() and type(sys.meta_path) is list
+            """) + _NO_WARNING)
+    proc = _run([sys.executable, "-c", code])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "fit ok" in proc.stdout, proc.stdout
+
+
+def test_the_first_trainer_judges_a_flavour_no_import_showed_and_respects_uninstall() -> None:
+    """toggleshim's finder taken out of ``sys.meta_path``: the flavour is judged at the first
+    ``Trainer(...)`` (here unverified code: the fallback, and its warning points at the user's
+    ``Trainer`` line); after ``uninstall()`` a Trainer patches nothing."""
+    code = textwrap.dedent("""
+        import sys, warnings
+        import toggleshim
+        from toggleshim import _known, _patch
+        _known.KNOWN.clear()  # the installed Lightning's code is now unverified to toggleshim: a warning
+        sys.meta_path[:] = [f for f in sys.meta_path if not _patch._is_hook(f)]
+        import lightning.pytorch as pl
+        assert not _patch._hooks() and _patch._mode(_patch._flavours()[0]) is None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pl.Trainer(logger=False, enable_checkpointing=False)  # line 11
+        (w,) = [w for w in caught if issubclass(w.category, toggleshim.ToggleshimWarning)]
+        assert (w.filename, w.lineno) == ("<string>", 11), (w.filename, w.lineno)
+        assert _patch._mode(_patch._flavours()[0]) == "fallback"
+        toggleshim.uninstall()
+        pl.Trainer(logger=False, enable_checkpointing=False)
+        assert _patch._mode(_patch._flavours()[0]) is None
+        print("ok")
+    """)
+    proc = _run([sys.executable, "-c", code])
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_issue_44_the_hook_is_asked_for_nothing_it_cannot_answer_twice() -> None:
+    """A finder delegating to every finder (toggleshim's too) without skipping toggleshim's, behind
+    it: toggleshim's finder, asked back for the name it is looking for, says None (no recursion)."""
+    code = textwrap.dedent("""
+        import sys
+        import toggleshim
+        from toggleshim import _patch
+
+        class Asking:  # behind toggleshim's, asks every finder but itself, toggleshim's included
+            def find_spec(self, fullname, path, target=None):
+                for finder in list(sys.meta_path):
+                    if finder is not self and hasattr(finder, "find_spec"):
+                        spec = finder.find_spec(fullname, path, target)
+                        if spec is not None:
+                            return spec
+                return None
+
+        sys.meta_path.insert(1, Asking())
+        import lightning.pytorch
+        assert toggleshim.is_installed()
+        print("ok")
+    """)
+    proc = _run([sys.executable, "-c", code])
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
 
 
 # point 5: warnings as errors, both import orders, verified and unverified toggle code

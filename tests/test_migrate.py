@@ -306,6 +306,54 @@ def test_cli_check_reports_what_cannot_be_migrated(tmp_path: Path, monkeypatch: 
     ]
 
 
+_STEPS_INSIDE = """\
+import toggleshim
+from lightning.pytorch import LightningModule
+
+
+class M(LightningModule):
+    def training_step(self, batch, batch_idx):
+        opt, other = self.optimizers()
+        with self.toggle_optimizer(opt):
+            self.manual_backward(self(batch).sum())
+            opt.step()
+        with self.toggle_optimizer(opt, step=False):
+            opt.step()
+        with toggleshim.toggle(self, opt) as o:
+            other.step()
+            o.step()
+        first = batch_idx % 2 == 0
+        with self.toggle_optimizer(opt, step=first):
+            opt.step(closure=None)
+"""
+
+
+def test_cli_check_flags_a_step_inside_a_block_that_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 44, point 3: a step of the block's own optimizer (its expression, or its ``as`` name) inside a
+    block that steps on exit is a finding with its line and the fix, exit 1; ``step=False`` and another
+    optimizer's step are not; a non-literal flag steps when it is true."""
+    (tmp_path / "m.py").write_text(_STEPS_INSIDE)
+    r = run_here("--check", "m.py", cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
+    assert r.returncode == 1
+    fix = ("the optimizer would step twice (toggleshim raises a RuntimeError at the block's exit instead); pass "
+           "step=False to keep this call, or drop it and let the block step")
+    assert r.stdout.splitlines() == [
+        f"m.py:10: `opt.step()` inside `with self.toggle_optimizer(opt):` (line 8), which steps on exit: {fix}",
+        f"m.py:15: `o.step()` inside `with toggleshim.toggle(self, opt):` (line 13), which steps on exit: {fix}",
+        "m.py:18: `opt.step(closure=None)` inside `with self.toggle_optimizer(opt, step=first):` (line 17), which "
+        f"steps on exit (step=first: when `first` is true): {fix}",
+    ]
+    assert "3 steps inside a block that steps on exit" in r.stderr
+    fixed = _STEPS_INSIDE.replace("            opt.step()\n        with self.toggle_optimizer(opt, step=False)",
+                                  "        with self.toggle_optimizer(opt, step=False)")
+    fixed = fixed.replace("            o.step()\n", "").replace("step=first):\n            opt.step(closure=None)",
+                                                              "step=False):\n            opt.step(closure=None)")
+    (tmp_path / "m.py").write_text(fixed)
+    r = run_here("--check", "m.py", cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
+    assert (r.returncode, r.stdout) == (0, ""), r.stdout
+
+
 def test_cli_not_migrated_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                 capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "m.py").write_text(step(REFUSED["return"][0]))

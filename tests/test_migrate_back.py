@@ -60,6 +60,56 @@ def test_back_gan_exact_output_comments_and_formatting_kept() -> None:
     assert back(GAN_MIGRATED) == (GAN_BACK, [])
 
 
+_RECIPE = '''\
+"""The README's accumulation recipe."""
+
+import toggleshim  # noqa: F401
+from lightning.pytorch import LightningModule
+
+
+class M(LightningModule):
+    def training_step(self, batch, batch_idx):
+        n = 4  # micro-batches per optimizer step
+        opt = self.optimizers()
+        first, last = batch_idx % n == 0, (batch_idx + 1) % n == 0
+        with self.toggle_optimizer(opt, zero_grad=first, step=last, sync_grad=last):
+            self.manual_backward(self.compute_loss(batch) / n)
+'''
+
+_RECIPE_BACK = '''\
+"""The README's accumulation recipe."""
+
+import contextlib
+
+from lightning.pytorch import LightningModule
+
+
+class M(LightningModule):
+    def training_step(self, batch, batch_idx):
+        n = 4  # micro-batches per optimizer step
+        opt = self.optimizers()
+        first, last = batch_idx % n == 0, (batch_idx + 1) % n == 0
+        self.toggle_optimizer(opt)
+        try:
+            with {no_sync}:
+                if first:
+                    opt.zero_grad()
+                self.manual_backward(self.compute_loss(batch) / n)
+                if last:
+                    opt.step()
+        finally:
+            self.untoggle_optimizer(opt)
+'''.replace("{no_sync}", "contextlib.nullcontext() if last else "
+                        'getattr(self.trainer.strategy, "block_backward_sync", contextlib.nullcontext)()')
+
+
+def test_back_the_readmes_accumulation_recipe_exact_output() -> None:
+    """Issue 44: flags that are names become the statements' conditions, ``sync_grad`` a name the
+    strategy's no-sync context where it is false (as the block enters it), ``import contextlib`` added
+    in the standard library's place; ``import toggleshim`` goes."""
+    assert back(_RECIPE) == (_RECIPE_BACK, [])
+
+
 def test_back_second_run_changes_nothing() -> None:
     assert back(GAN_BACK) == (GAN_BACK, [])
 
@@ -147,24 +197,27 @@ REFUSED: dict[str, tuple[str, str]] = {
     "two context managers": (
         "with self.toggle_optimizer(opt), torch.no_grad():\n    pass", "the `with` enters more than the toggle",
     ),
-    "a flag that is a name": (
-        "with self.toggle_optimizer(opt, zero_grad=first):\n    pass",
-        "`zero_grad=first` is not a literal True or False (the block reads it once, at the `with` line, and takes "
-        "a bool only)",
-    ),
     "a flag given as 1": (
         "with self.toggle_optimizer(opt, step=1):\n    pass",
-        "`step=1` is not a literal True or False (the block reads it once, at the `with` line, and takes a bool "
-        "only)",
+        "`step=1` is neither a literal True or False nor a name (the block reads it once, at the `with` line; the "
+        "statements would read it again where they use it: bind it to a name before the block)",
+    ),
+    "a flag that is an expression": (
+        "with self.toggle_optimizer(opt, zero_grad=batch_idx % 4 == 0):\n    pass",
+        "`zero_grad=batch_idx % 4 == 0` is neither a literal True or False nor a name (the block reads it once, at "
+        "the `with` line; the statements would read it again where they use it: bind it to a name before the block)",
+    ),
+    "a flag's name rebound inside": (
+        "with self.toggle_optimizer(opt, step=last):\n    last = False",
+        "`last` is rebound between the toggle and the untoggle",
     ),
     "an unknown keyword": ("with self.toggle_optimizer(opt, zero=False):\n    pass",
                            "`zero=` is not one of toggleshim's flags"),
     "*args": ("with self.toggle_optimizer(*opts):\n    pass",
               "the call is not given exactly the module and the optimizer (positionally) and flags"),
-    "sync_grad=False": (
-        "with self.toggle_optimizer(opt, sync_grad=False):\n    pass",
-        "sync_grad=False: the block runs inside the strategy's block_backward_sync(); Lightning has no statement "
-        "form of it that is exception-safe (toggle_model untoggles on a clean exit only)",
+    "sync_grad where contextlib is not the module": (
+        "contextlib = None\nwith self.toggle_optimizer(opt, sync_grad=False):\n    pass",
+        "sync_grad: `contextlib` is assigned to here (the statements need the module)",
     ),
     "a call for the optimizer": (
         "with self.toggle_optimizer(self.optimizers()[0]):\n    pass",

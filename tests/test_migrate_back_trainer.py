@@ -90,6 +90,25 @@ BLOCKS: dict[str, str] = {
             g_opt.step()
         self.observe()
         """,
+    "the README's accumulation recipe: every flag a name": """
+        first, last = batch_idx % 2 == 0, batch_idx % 2 == 1
+        with self.toggle_optimizer(d_opt, zero_grad=first, step=last, sync_grad=last):
+            self.manual_backward(self.loss(x, 1))
+        self.observe()
+        with toggle(self, g_opt, zero_grad=last, step=first) as opt:
+            self.manual_backward(self.loss(x, 0))
+            self.observe()
+        self.observe()
+        """,
+    "sync_grad=False, and flags from attributes": """
+        self.stepping = batch_idx != 1
+        with self.toggle_optimizer(d_opt, sync_grad=False, step=self.stepping):
+            self.manual_backward(self.loss(x, 1))
+        self.observe()
+        with self.toggle_optimizer(g_opt, zero_grad=self.stepping, sync_grad=self.stepping):
+            self.manual_backward(self.loss(x, 0))
+        self.observe()
+        """,
     "an exception through a block: no step, untoggled": """
         try:
             with self.toggle_optimizer(d_opt):

@@ -1,5 +1,5 @@
-"""The distributions as a release would publish them: ``python -m build``, ``twine check --strict``,
-then what the wheel and the sdist hold.
+"""The distributions as a release would publish them: ``python -m build`` (``twine check --strict`` runs
+in the release workflow), then what the wheel and the sdist hold; and the ``test`` extra.
 
 The build runs once per session (shared by the xdist workers through a lock), from a copy of the
 source tree so that nothing is written into the checkout, and in build's isolated environment, which
@@ -15,6 +15,7 @@ import ast
 import email.parser
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -99,11 +100,14 @@ def test_version_is_a_literal_setuptools_reads_without_importing() -> None:
 # the wheel
 
 
-def test_wheel_is_pure_python_and_twine_check_strict_passes(dists: dict[str, Path]) -> None:
+def test_wheel_is_pure_python_and_the_release_job_runs_twine_check_strict(dists: dict[str, Path]) -> None:
+    """The names of both distributions; ``twine check --strict`` runs where a release is built (the
+    release workflow, on the very files it uploads), not in the suite: twine and its keyring
+    (cryptography, ...) are release tools, kept out of the ``test`` extra (issue 44)."""
     assert dists["wheel"].name == f"toggleshim-{VERSION}-py3-none-any.whl"
     assert dists["sdist"].name == f"toggleshim-{VERSION}.tar.gz"
-    proc = _run([sys.executable, "-m", "twine", "check", "--strict", str(dists["sdist"]), str(dists["wheel"])], ROOT)
-    assert proc.stdout.count("PASSED") == 2 and "WARNING" not in proc.stdout + proc.stderr, proc.stdout
+    release = (ROOT / ".github" / "workflows" / "release.yml").read_text()
+    assert "run: python -m twine check --strict dist/*" in release
 
 
 def test_wheel_holds_the_package_typed_marker_and_license_only(dists: dict[str, Path]) -> None:
@@ -117,6 +121,7 @@ def test_wheel_holds_the_package_typed_marker_and_license_only(dists: dict[str, 
     package = {n for n in names if not n.startswith(info)}
     expected = {f for f in _source_files("toggleshim") if f.endswith((".py", "py.typed"))}
     expected.add("toggleshim_pytest.py")  # the pytest plugin: top level, so loading it imports no torch
+    expected.add("toggleshim_trainer.py")  # the Trainer's callbacks factory: top level, for the same reason
     assert package == expected, f"extra: {package - expected}, missing: {expected - package}"
     assert "toggleshim/py.typed" in package
     assert not [n for n in names if n.startswith(NOT_IN_WHEEL) or n.endswith((".so", ".c", ".pyd"))]
@@ -241,3 +246,33 @@ def test_type_checkers_find_the_package_after_an_editable_or_a_wheel_install(
         out = _mypy_in(envs[kind], user)
         assert "import-not-found" not in out and "error:" not in out, (kind, out)
         assert "toggleshim._block.Toggle[" in out, (kind, out)  # the real signature, not Any
+
+
+# the test extra: what the README's `pip install -e ".[test,lightning]"` installs for the suite
+
+# the distribution of each module the suite imports or runs (`python -m X`) beyond the standard library,
+# toggleshim, torch (numpy, filelock: its dependencies) and Lightning
+_SUITE_NEEDS = {"pytest": "pytest", "xdist": "pytest-xdist", "hypothesis": "hypothesis", "libcst": "libcst",
+                "yaml": "pyyaml", "check_jsonschema": "check-jsonschema", "matplotlib": "matplotlib", "mypy": "mypy",
+                "ruff": "ruff", "build": "build", "typeguard": "typeguard", "beartype": "beartype"}
+
+
+def _extra(name: str) -> set[str]:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    found = re.search(rf"^{name} = \[(.*?)\]\n", pyproject, re.MULTILINE | re.DOTALL)
+    assert found is not None, name
+    return {re.split(r"[<>=!~\[ ]", req)[0].lower() for req in re.findall(r'"([^"]+)"', found.group(1))}
+
+
+def test_the_test_extra_holds_what_the_suite_runs_and_no_release_tool() -> None:
+    """Every distribution the suite needs is in ``test`` (and in ``dev``, which keeps every tool); twine,
+    nox and zizmor (releases, the matrix, the workflow audit: ``.ci/run``) are not (issue 44)."""
+    folders = ("tests", "property_tests", "examples")
+    suite = "\n".join(p.read_text() for d in folders for p in sorted((ROOT / d).rglob("*.py")))
+    for module in _SUITE_NEEDS:  # a tool no test imports or runs any more goes from the list
+        used = rf'^\s*(import|from) {module}\b|"-m", "{module}"|^\s*{module}\.'
+        # (xdist: `pytest -n auto`; libcst: `toggleshim migrate`, which the migrate tests run)
+        assert re.search(used, suite, re.MULTILINE) or module in ("xdist", "libcst"), module
+    assert set(_SUITE_NEEDS.values()) <= _extra("test"), set(_SUITE_NEEDS.values()) - _extra("test")
+    assert not {"twine", "nox", "zizmor"} & _extra("test")
+    assert _extra("test") <= _extra("dev"), _extra("test") - _extra("dev")

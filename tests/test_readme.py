@@ -59,7 +59,7 @@ def test_readme_test_command_is_what_ci_runs() -> None:
 
 def test_readme_install_command_installs_and_runs_the_check() -> None:
     commands = [line.strip() for block in _bash_blocks() for line in block.splitlines()]
-    assert 'pip install -e ".[dev,lightning]" && python -m toggleshim check' in commands
+    assert 'pip install -e ".[test,lightning]" && python -m toggleshim check' in commands
     # the user's install names torch first, then the package with a Lightning extra
     install = "\n".join(_bash_blocks())
     assert install.index("pip install torch") < install.index('pip install "toggleshim[lightning]"')
@@ -155,7 +155,9 @@ def test_every_other_python_block_is_an_excerpt_of_a_checked_file() -> None:
     typed = next(b for b in blocks if "toggle(self, d_opt)" in b)
     testing = next(b for b in blocks if "assert_trains_like_manual" in b)
     gan = blocks[0][blocks[0].index("class GAN"):]
-    assert _excerpt_of(typed, ROOT / "tests" / "typing" / "typed_gan.py"), typed
+    imports, _, method = typed.partition("\n...\n")  # complete: its import, then an excerpt of the method
+    assert imports == "from toggleshim import toggle", imports
+    assert all(_excerpt_of(part, ROOT / "tests" / "typing" / "typed_gan.py") for part in (imports, method)), typed
     assert _excerpt_of(testing, ROOT / "examples" / "test_my_training.py"), testing
     assert _excerpt_of(gan, ROOT / "examples" / "test_my_training.py"), gan
     assert "tests/typing/typed_gan.py" in CI_RUN or "typed_gan.py" in CI_RUN

@@ -866,8 +866,8 @@ def test_reloading_the_private_module_keeps_lightning_optimizers_unwrapped() -> 
 
 def test_reloading_the_patch_module_keeps_one_import_hook_and_every_other_finder() -> None:
     """``importlib.reload(toggleshim._patch)``, twice (in a fresh process): ``sys.meta_path`` holds
-    exactly one import hook of toggleshim's, handed out first, and every finder of anyone else, in
-    order; the flavour imported afterwards is patched."""
+    exactly one import hook of toggleshim's, where it was (behind the finder inserted in front of it
+    later), and every finder of anyone else, in order; the flavour imported afterwards is patched."""
     code = textwrap.dedent(
         """
         import importlib, sys
@@ -883,7 +883,7 @@ def test_reloading_the_patch_module_keeps_one_import_hook_and_every_other_finder
             importlib.reload(toggleshim._patch)
             toggleshim._patch.install()
         ours = [f for f in sys.meta_path if type(f).__name__ == "_ImportHook"]
-        print(len(ours), list(sys.meta_path)[0] is ours[0], [f for f in sys.meta_path if f not in ours] == others)
+        print(len(ours), sys.meta_path[1] is ours[0], [f for f in sys.meta_path if f not in ours] == others)
         import lightning.pytorch
         print(toggleshim.is_installed())
         """

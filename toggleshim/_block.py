@@ -12,14 +12,16 @@ declared once, in :class:`Flags` and :data:`FLAGS`.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Mapping
-from types import MethodType, TracebackType
+from types import FrameType, MethodType, TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, cast
 
 from toggleshim import _toggle
-from toggleshim._ours import describe, users
+from toggleshim._ours import ToggleshimWarning, describe, users
 from toggleshim._toggle import _Made
 from toggleshim._writes import first, quietly, surely
 
@@ -101,14 +103,16 @@ class Toggle(Generic[_OptT]):
     statement, it holds no reference to the module, the optimizer or any parameter.
     """
 
-    __slots__ = ("__weakref__", "_flags", "_guard", "_made", "_optimizer", "_phase", "_stepped", "_sync_exit", "_watch")
+    __slots__ = ("__weakref__", "_flags", "_guard", "_inner_block", "_made", "_optimizer", "_phase", "_stepped",
+                 "_sync_exit", "_watch")
 
     _flags: dict[str, bool]
     _guard: weakref.ref[Any] | None  # the __exit__ the with statement holds, watched (see _ExitGuard)
     _made: _Made | None  # the toggle under the block (None once closed)
     _optimizer: Any  # while the block is open: the optimizer it steps (its toggle may be undone first)
     _phase: int
-    _stepped: bool  # the block's optimizer stepped while the block was open (_watch_steps)
+    _stepped: bool | None  # the block's optimizer stepped while the block was open (_watch_steps); None: by its exit
+    _inner_block: bool  # ... by a nested block's exit over the same optimizer (the double step's message)
     _sync_exit: list[Callable[..., Any]] | None  # the entered no-sync context's __exit__, until it is called
     _watch: MethodType | None  # while open with step=True: the step watch on the block's torch optimizer
 
@@ -123,6 +127,8 @@ class Toggle(Generic[_OptT]):
         try:
             self._phase, self._optimizer = _OPEN, made.optimizer  # first: from here on, leaving untoggles
             if flags["step"]:
+                if made.optimizer is made.inner:  # a torch optimizer, not its LightningOptimizer (rare)
+                    _warn_raw(made.module, made.inner)
                 self._watch_steps(made.inner)
             looked_up = _local.__dict__.pop("exit", None)
             if looked_up is not None:
@@ -173,8 +179,9 @@ class Toggle(Generic[_OptT]):
         def step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
             stepped = taken(*args, **kwargs)
             toggle = block()  # a step that raised is no step (as for torch's post-step hooks)
-            if toggle is not None:
+            if toggle is not None and toggle._stepped is not None:  # (None: the block's own, at its exit)
                 toggle._stepped = True
+                toggle._inner_block = _stepped_by_a_block(toggle)  # (only where the exit will refuse)
             return stepped
 
         step.covers = own.get("step", _NOTHING)  # type: ignore[attr-defined]
@@ -203,7 +210,8 @@ class Toggle(Generic[_OptT]):
         try:
             if exc_type is None and self._flags["step"]:
                 if self._stepped:
-                    raise _double_step(_toggle._unwrap(optimizer))
+                    raise _double_step(_toggle._unwrap(optimizer), self._inner_block)
+                self._stepped = None  # the step the watch sees now is the block's own
                 optimizer.step()
         except BaseException:
             quietly(self._leave, retry=False)  # step's error propagates, not one of the untoggle's
@@ -300,7 +308,14 @@ def _unwatch(watch: MethodType) -> None:
             own["step"] = covered
 
 
-def _double_step(inner: Any) -> RuntimeError:
+def _double_step(inner: Any, by_a_block: bool) -> RuntimeError:
+    if by_a_block:
+        return RuntimeError(
+            f"toggleshim: a nested `with self.toggle_optimizer(opt):` over the same {type(inner).__name__} stepped it "
+            "on its exit, inside this block over it, which steps on a clean exit too (step=True): the optimizer "
+            "would step twice. Pass step=False to one of the two blocks (the inner one, to step once at the "
+            "outer's exit). The outer block did not step again; it untoggled."
+        )
     return RuntimeError(
         f"toggleshim: {type(inner).__name__}.step() ran inside `with self.toggle_optimizer(opt):` (directly or "
         "through the LightningOptimizer), which steps on a clean exit too (step=True): the optimizer would step "
@@ -309,9 +324,56 @@ def _double_step(inner: Any) -> RuntimeError:
     )
 
 
+def _stepped_by_a_block(block: Toggle[Any]) -> bool:
+    """The step ``block``'s watch saw is another block's exit over the same optimizer (a nested block), not
+    a ``step()`` the body wrote: found on the stack (the error's path only)."""
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(64):  # the step's own frames (torch's wrappers, Lightning's) lie between; a bound
+        if frame is None:
+            return False
+        other = frame.f_locals.get("self") if frame.f_code is _EXIT_CODE else None
+        if isinstance(other, Toggle) and other is not block:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_EXIT_CODE = Toggle._exit.__code__  # (torch.compiler.disable wraps the method later: _patch._keep_dynamo_out)
+
 # Per thread: the Toggle.__exit__ last looked up on the class ("exit", see _ExitGuard), the calls of a
 # user's toggle_optimizer under toggle() ("catches").
 _local = threading.local()
+
+# The torch optimizers a block stepped directly under Trainer.fit, warned about once each (weakly held:
+# an optimizer is freed as without toggleshim). Only added to; a race warns twice at most.
+_RAW_WARNED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _warn_raw(module: Any, inner: Any) -> None:
+    """A block that steps a torch optimizer, not the ``LightningOptimizer`` wrapping it, inside
+    ``Trainer.fit``: Lightning counts no step, so ``global_step`` stays 0 and ``max_steps`` never ends.
+    Warned once per optimizer, at the user's ``with`` line; outside ``fit`` (a stand-in trainer, a
+    module attached by hand) nothing is counted anyway."""
+    try:
+        if getattr(module.trainer, "training", False) is not True or inner in _RAW_WARNED:
+            return
+        _RAW_WARNED.add(inner)
+    except Exception:  # no trainer to ask (nothing counts steps), or an optimizer a WeakSet cannot hold
+        return
+    frame: FrameType | None = sys._getframe(1)
+    level = 2  # frames: this function, __enter__, the with statement
+    while frame is not None and (frame.f_code.co_filename == __file__ or _DYNAMO in frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(ToggleshimWarning(
+        f"toggleshim: this block steps a {type(inner).__name__} directly, not through its LightningOptimizer, "
+        "so Lightning does not count its steps: trainer.global_step stays where it is (0 if every step is so), "
+        "Trainer(max_steps=...) never ends, and the precision plugin's and strategy's step hooks do not run. "
+        "Pass the LightningOptimizer that self.optimizers() returns (not self.optimizers(use_pl_optimizer=False) "
+        "or an optimizer of your own); Lightning's own statements count nothing for it either. (Said once per "
+        "optimizer.)"), stacklevel=level)
+
+
+_DYNAMO = "_dynamo"  # torch.compiler.disable's wrapper frames between the with statement and __enter__
 
 
 class _ExitGuard:
@@ -371,7 +433,7 @@ if not TYPE_CHECKING:
 
 def _block(made: _Made, flags: dict[str, bool], sync: Any) -> Toggle[Any]:
     t: Toggle[Any] = _new(Toggle)
-    t._made, t._flags, t._phase, t._stepped = made, flags, _MADE, False
+    t._made, t._flags, t._phase, t._stepped, t._inner_block = made, flags, _MADE, False, False
     t._optimizer = t._sync_exit = t._guard = t._watch = None
     made.sync = sync
     catches = _local.__dict__.get("catches")

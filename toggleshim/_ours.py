@@ -14,7 +14,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MODE", "ORIGINAL", "SELF", "describe", "mark", "original_of", "users"]
+__all__ = ["MODE", "ORIGINAL", "SELF", "ToggleshimWarning", "describe", "mark", "original_of", "users"]
+
+class ToggleshimWarning(UserWarning):
+    """``install()`` left a Lightning flavour untouched, or gave it the fallback block (and why); a block
+    steps a torch optimizer that Lightning does not count (``toggleshim.ToggleshimWarning``)."""
+
+
+ToggleshimWarning.__module__ = "toggleshim"  # its public name (defined here: the block warns too)
 
 ORIGINAL = "_toggleshim_original"  # on a method of ours: the function it replaced
 SELF = "_toggleshim_self"  # on a method of ours: a weak reference to itself

@@ -29,17 +29,13 @@ from toggleshim._flavours import FLAVOURS, Flavour
 from toggleshim._known import KNOWN
 from toggleshim._ours import MODE as _MODE
 from toggleshim._ours import ORIGINAL as _SENTINEL  # noqa: F401  (tests read it here)
-from toggleshim._ours import mark, original_of
+from toggleshim._ours import ToggleshimWarning, mark, original_of
 from toggleshim._toggle import untoggled
 
 __all__ = ["ToggleshimWarning", "install", "is_installed", "uninstall"]
 
 _PATCHED = ("toggle_optimizer", "untoggle_optimizer")
 _OUR_FLAGS = tuple(FLAGS)
-
-
-class ToggleshimWarning(UserWarning):
-    """``install()`` left a Lightning flavour untouched, or gave it the fallback block (and why)."""
 
 
 @dataclass(frozen=True)
@@ -155,37 +151,98 @@ class _PatchingLoader(importlib.abc.Loader):
 
 
 class _ImportHook:
-    """``sys.meta_path`` entry wrapping the loaders of ``_HOOKED`` (``trust_unknown``: ``toggleshim check``)."""
+    """``sys.meta_path`` entry (a plain finder, in the list where it was put): wraps the loaders of
+    ``_HOOKED`` it is asked for, and at any import it is asked about judges a flavour that another
+    finder loaded meanwhile (``trust_unknown``: ``toggleshim check``)."""
 
     def __init__(self, trust_unknown: bool = False) -> None:
         self.trust_unknown = trust_unknown
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if _unjudged():  # a finder in front of this one loaded Lightning: patched at the next import asked here
+            _judge_on_import(self.trust_unknown, stacklevel=_importers_level())
         if fullname not in _HOOKED:
             return None
-        for finder in sys.meta_path:  # the finders in their order (this one is handed out first)
-            if _is_hook(finder) or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader, self.trust_unknown)
-                return spec
-        return None
+        finding = _block._local.__dict__.setdefault("finding", set())  # (per thread)
+        if fullname in finding:  # a finder that asks every other finder (this one too) asked back
+            return None
+        finding.add(fullname)
+        try:
+            spec = _find_behind(self, fullname, path, target)
+        finally:
+            finding.discard(fullname)
+        if spec is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _PatchingLoader(spec.loader, self.trust_unknown)
+        return spec
 
 
-class _MetaPath(list):  # type: ignore[type-arg]
-    """``sys.meta_path`` while installed: a list whose iteration hands toggleshim's hook out first, so a
-    finder another tool inserts in front later is asked by the hook itself and its flavour still patched."""
+def _find_behind(hook: Any, fullname: str, path: Any, target: Any) -> Any:
+    """The spec the finders after ``hook`` in ``sys.meta_path`` give (all of them, where it is not there),
+    in their order, as the import system would ask them."""
+    finders = list(sys.meta_path)
+    start = next((i + 1 for i, f in enumerate(finders) if f is hook), 0)
+    for finder in finders[start:]:
+        find = getattr(finder, "find_spec", None)
+        if _is_hook(finder) or find is None:
+            continue
+        spec = find(fullname, path, target)
+        if spec is not None:
+            return spec
+    return None
 
-    def __iter__(self) -> Any:
-        finders = list(list.__iter__(self))
-        for i, finder in enumerate(finders):
-            if _is_hook(finder):
-                if i:
-                    finders.insert(0, finders.pop(i))
-                break
-        return iter(finders)
+
+# flavour name -> the LightningModule class install() last judged (whatever its verdict): a class not
+# judged yet was loaded by a finder in front of the hook (or another thread), and is judged at the next
+# import the hook is asked about, or at the next Trainer's construction (_at_trainer); and _INSTALLED,
+# present from install() to uninstall(): what _at_trainer acts on. (The names the hook is looking for,
+# per thread, are in _block._local: a finder delegating back to it gets None.)
+_judged: dict[str, type | None] = {}
+_INSTALLED = "*"
+
+
+def _unjudged() -> bool:
+    """A flavour whose ``LightningModule`` is defined and not judged yet (cheap: run at every import)."""
+    for flavour in FLAVOURS:
+        module = sys.modules.get(flavour.core_module)
+        if module is not None:
+            cls = getattr(module, "LightningModule", None)
+            if cls is not None and _judged.get(flavour.name) is not cls:
+                return True
+    return False
+
+
+def _importers_level() -> int:
+    """``stacklevel`` for :func:`_judge_on_import` called by ``find_spec``: the statement (or the call of
+    ``importlib.util.find_spec``) that asked, past importlib's frozen frames."""
+    frame: types.FrameType | None = sys._getframe(2)
+    level = 3  # frames: find_spec's caller and on
+    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _at_trainer() -> None:
+    """At each Trainer's construction (the ``callbacks_factory`` entry point, ``toggleshim_trainer.py``):
+    a flavour no import hook saw loading (a finder in front answering every import, the hook taken out
+    of ``sys.meta_path``) is judged now, before any block can run."""
+    if _INSTALLED in _judged and _unjudged():
+        hooks = _hooks()
+        _judge_on_import(bool(hooks) and hooks[0].trust_unknown, stacklevel=_users_level())
+
+
+def _users_level() -> int:
+    """``stacklevel`` for :func:`_judge_on_import` called by our caller: the first frame outside toggleshim
+    and Lightning (the user's ``Trainer(...)`` line)."""
+    frame: types.FrameType | None = sys._getframe(2)
+    level = 3  # frames: this function's caller, its caller (the entry point), and so on
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _NOT_USERS:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+# the top-level packages of toggleshim and of each flavour (its own, its Fabric's, their utilities)
+_NOT_USERS = frozenset({"toggleshim", "toggleshim_trainer", "lightning_utilities",
+                        *(f.top for f in FLAVOURS), *(f.fabric.partition(".")[0] for f in FLAVOURS)})
 
 
 def _is_hook(finder: Any) -> bool:
@@ -194,26 +251,28 @@ def _is_hook(finder: Any) -> bool:
 
 
 def _hooks() -> list[Any]:
-    return [f for f in list.__iter__(sys.meta_path) if _is_hook(f)]
+    return [f for f in sys.meta_path if _is_hook(f)]
+
+
+def _drop_hooks() -> None:
+    # by position, not list.remove: another finder's __eq__ never decides what is removed
+    for i in reversed(range(len(sys.meta_path))):
+        if _is_hook(sys.meta_path[i]):
+            del sys.meta_path[i]
 
 
 def _hook(trust_unknown: bool) -> None:
-    """One import hook of toggleshim's, with ``trust_unknown``, and ``sys.meta_path`` a :class:`_MetaPath`."""
+    """One import hook of toggleshim's, with ``trust_unknown``: put first in ``sys.meta_path`` (a plain
+    list, left as it is otherwise) where there is none; finders inserted later go where they are put."""
     hooks = _hooks()
     if not hooks or any(hook.trust_unknown != trust_unknown for hook in hooks):
-        for hook in hooks:
-            sys.meta_path.remove(hook)
+        _drop_hooks()
         sys.meta_path.insert(0, _ImportHook(trust_unknown))
-    if type(sys.meta_path).__name__ != "_MetaPath":
-        sys.meta_path = _MetaPath(sys.meta_path)
 
 
 def _unhook() -> None:
-    """No import hook of toggleshim's, and ``sys.meta_path`` a plain list again (the same finders)."""
-    for hook in _hooks():
-        sys.meta_path.remove(hook)
-    if type(sys.meta_path).__name__ == "_MetaPath":
-        sys.meta_path = list(list.__iter__(sys.meta_path))
+    """No import hook of toggleshim's in ``sys.meta_path``."""
+    _drop_hooks()
 
 
 def _core(fn: Any) -> Any:
@@ -324,7 +383,8 @@ entering calls ``opt.zero_grad()`` (if ``zero_grad``); a clean exit calls ``opt.
 nested block restores the state found on entry.
 
 Args:
-    optimizer: a ``torch.optim.Optimizer`` or the ``LightningOptimizer`` from ``self.optimizers()``.
+    optimizer: the ``LightningOptimizer`` from ``self.optimizers()`` (a ``torch.optim.Optimizer`` toggles
+        too, but its steps are not counted in ``trainer.global_step``: a warning, once per optimizer).
 """ + "".join(f"    {name}: {doc}\n" for name, (_, doc) in FLAGS.items())
 
 _TOGGLE_SIGNATURE = inspect.Signature([
@@ -449,7 +509,10 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> d
     unverified code too. ``defer``: warnings the filters raise are kept in ``_pending`` (a fallback raises
     them at its first call). ``stacklevel``: counting this function as 1."""
     _hook(trust_unknown)
+    _judged[_INSTALLED] = None
     flavours = _flavours()
+    for flavour in flavours:  # first: an import made while judging (torch._dynamo) does not judge again
+        _judged[flavour.name] = flavour.module_cls
     if flavours:
         _keep_dynamo_out()  # Lightning has loaded torch by now
     verdicts: dict[str, Verdict] = {}
@@ -491,6 +554,7 @@ def _install(trust_unknown: bool, defer: bool = False, stacklevel: int = 3) -> d
 def uninstall() -> None:
     """Put back the exact original function objects on every flavour (a no-op where not installed)."""
     _pending.clear()  # about what toggleshim did, undone now: install() judges afresh
+    _judged.clear()  # not installed, nothing judged
     _spawn.unregister()
     _unhook()
     for flavour in _flavours():
@@ -540,7 +604,7 @@ def _trusting() -> Iterator[dict[str, Verdict]]:
     the verdicts; afterwards the exact objects and import hook found before."""
     flavours = _flavours()
     saved = {(f.module_cls, name): vars(f.module_cls).get(name) for f in flavours for name in _PATCHED}
-    hooked, pending = bool(_hooks()), dict(_pending)
+    hooked, pending, judged = bool(_hooks()), dict(_pending), dict(_judged)
     uninstall()
     try:
         yield _install(True)
@@ -550,6 +614,7 @@ def _trusting() -> Iterator[dict[str, Verdict]]:
             if fn is not None:
                 setattr(cls, name, fn)
         _pending.update(pending)
+        _judged.update(judged)
         if hooked:
             _hook(False)
 

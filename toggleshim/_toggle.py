@@ -196,8 +196,9 @@ def _check_optimizer(optimizer: Any) -> None:
     """Reject anything that is not an optimizer, before a single ``requires_grad`` changes."""
     if not _is_optimizer(optimizer):
         raise TypeError(
-            "toggle_optimizer() expects an optimizer (a torch.optim.Optimizer or the LightningOptimizer "
-            f"that self.optimizers() returns), got {_describe(optimizer)}; nothing was changed"
+            "toggle_optimizer() expects an optimizer: the LightningOptimizer that self.optimizers() returns (a "
+            "torch.optim.Optimizer toggles too, but a block stepping it is not counted in trainer.global_step), "
+            f"got {_describe(optimizer)}; nothing was changed"
         )
 
 

@@ -7,7 +7,8 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch import nn
 
-from toggleshim import Toggle, toggle
+import toggleshim
+from toggleshim import toggle
 
 
 class GAN(LightningModule):
@@ -23,7 +24,7 @@ class GAN(LightningModule):
         g_opt, d_opt = opts
         with toggle(self, d_opt):  # a Toggle[LightningOptimizer]: type checkers accept the block
             self.manual_backward(self.discriminator(batch).mean())
-        block: Toggle[LightningOptimizer] = toggle(self, g_opt, zero_grad=False, step=True)
+        block: toggleshim.Toggle[LightningOptimizer] = toggle(self, g_opt, zero_grad=False, step=True)
         with block as g:
             g.zero_grad()
             self.manual_backward(self.discriminator(self.generator(batch)).mean())

@@ -1,19 +1,27 @@
 """The way back (``toggleshim migrate --to-lightning``): each toggleshim block of one file rewritten
 into Lightning's own statements, only where exactly equivalent on every path, exceptions included::
 
-    with R.toggle_optimizer(X[, zero_grad=Z][, step=S][, sync_grad=True])[ as N]:   # or toggleshim.toggle(R, X, ...)
+    with R.toggle_optimizer(X[, zero_grad=Z][, step=S][, sync_grad=G])[ as N]:   # or toggleshim.toggle(R, X, ...)
         BODY
 
 becomes::
 
     R.toggle_optimizer(X)
     try:
-        X.zero_grad()        # when Z (the default)
-        N = X                # with `as N`: the block yields X itself
-        BODY
-        X.step()             # when S (the default): after a clean BODY only
+        with <no sync>:      # only where G is not True: the strategy's block_backward_sync() (below)
+            X.zero_grad()        # when Z (the default); `if Z: X.zero_grad()` where Z is a name
+            N = X                # with `as N`: the block yields X itself
+            BODY
+            X.step()             # when S (the default): after a clean BODY only; `if S: X.step()` for a name
     finally:
         R.untoggle_optimizer(X)
+
+``<no sync>`` is what the block enters (toggleshim/_block.py, ``_no_sync``): the strategy's
+``block_backward_sync()`` where it has one (DDP's ``no_sync``), nothing elsewhere, written
+``getattr(R.trainer.strategy, "block_backward_sync", contextlib.nullcontext)()``; for a name G,
+``contextlib.nullcontext() if G else`` that (``import contextlib`` added where missing). A flag may be
+a literal ``True``/``False`` or a name (an attribute chain, a subscript by an int literal) the body does
+not rebind: the block reads it once, at the ``with`` line, the statements where they use it.
 
 That is what the block does, call for call (toggleshim/_block.py: toggle at the call; ``zero_grad``
 on entry; ``step`` on a clean exit only; untoggle on every exit; the exception propagates), on
@@ -80,6 +88,47 @@ def _method(obj: cst.BaseExpression, name: str, *args: cst.BaseExpression) -> cs
     return cst.Call(func=cst.Attribute(value=obj, attr=cst.Name(name)), args=[cst.Arg(a) for a in args])
 
 
+def _when(flag: bool | cst.BaseExpression, call: cst.Call, **changes: Any) -> cst.BaseStatement:
+    """``call`` as a statement line (a literal True flag), or ``if flag: call`` (a name)."""
+    if flag is True:
+        return _statement(call, **changes)
+    assert not isinstance(flag, bool)
+    return cst.If(test=flag, body=cst.IndentedBlock(body=[_statement(call)]), **changes)
+
+
+def _no_sync(recv: cst.BaseExpression, sync: bool | cst.BaseExpression) -> cst.BaseExpression:
+    """What the block enters where ``sync_grad`` is not True: the strategy's ``block_backward_sync()``
+    where it has one, nothing elsewhere (as ``toggleshim/_block.py``'s ``_no_sync`` reads it)."""
+    strategy = cst.Attribute(value=cst.Attribute(value=recv, attr=cst.Name("trainer")), attr=cst.Name("strategy"))
+    null = cst.Attribute(value=cst.Name("contextlib"), attr=cst.Name("nullcontext"))
+    factory = cst.Call(func=cst.Name("getattr"), args=[
+        cst.Arg(strategy), cst.Arg(cst.SimpleString('"block_backward_sync"')), cst.Arg(null)])
+    entered = cst.Call(func=factory)
+    if sync is False:
+        return entered
+    assert not isinstance(sync, bool)
+    return cst.IfExp(test=sync, body=cst.Call(func=null), orelse=entered)
+
+
+def _contextlib_taken(module: cst.Module) -> str | None:
+    """Why the name ``contextlib`` may not be the standard module in ``module`` (None: it is, or unbound)."""
+    for node in _nodes(module):
+        if isinstance(node, cst.ImportFrom) and isinstance(node.names, Sequence) and any(
+            _code(a.asname.name if a.asname else a.name).strip() == "contextlib" for a in node.names
+        ):
+            return f"bound by `{_code(node).strip()}`"
+        if isinstance(node, cst.Import):
+            for a in node.names:
+                if a.asname is not None and _code(a.asname.name).strip() == "contextlib":
+                    return f"bound by `{_code(node).strip()}`"
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)) and node.name.value == "contextlib":
+            return "the name of a def or class"
+        target = node.target if isinstance(node, cst.AssignTarget) else None
+        if isinstance(target, cst.Name) and target.value == "contextlib":
+            return "assigned to"
+    return None
+
+
 def _bare_pass(stmt: cst.CSTNode) -> bool:
     """A ``pass`` line without a comment."""
     return (
@@ -105,6 +154,8 @@ class _Unmigrator(_Walker):
         self.imports: list[int] = []  # the lines of the file's imports of toggleshim
         self.plain = 0  # `with R.toggle_optimizer(X)` blocks rewritten (they rely on the assumption)
         self.outside: set[str] = set()  # the bases from outside the run of their classes
+        self.needs_contextlib = False  # a block with sync_grad was rewritten: `import contextlib` is needed
+        self.contextlib_taken = _contextlib_taken(module)  # why `contextlib` is not the module here, if so
 
     # -- what a block is ---------------------------------------------------------------------
 
@@ -213,7 +264,8 @@ class _Unmigrator(_Walker):
         call = read.call
         if any(a.star for a in call.args) or len(read.args) != (2 if read.through else 1):
             return "the call is not given exactly the module and the optimizer (positionally) and flags"
-        flags: dict[str, bool] = {}
+        flags: dict[str, bool | None] = {}  # None: a name, true or false when the block runs
+        named: list[cst.BaseExpression] = []
         for arg in call.args:
             if arg.keyword is None:
                 continue
@@ -221,17 +273,19 @@ class _Unmigrator(_Walker):
             if name not in _FLAGS:
                 return f"`{name}=` is not one of toggleshim's flags"
             value = arg.value
-            if not (isinstance(value, cst.Name) and value.value in ("True", "False")):
+            if isinstance(value, cst.Name) and value.value in ("True", "False"):
+                flags[name] = value.value == "True"
+                continue
+            if _ref(value) is None:
                 return (
-                    f"`{name}={_code(value).strip()}` is not a literal True or False (the block reads it once, at "
-                    "the `with` line, and takes a bool only)"
+                    f"`{name}={_code(value).strip()}` is neither a literal True or False nor a name (the block reads "
+                    "it once, at the `with` line; the statements would read it again where they use it: bind it to "
+                    "a name before the block)"
                 )
-            flags[name] = value.value == "True"
-        if not flags.get("sync_grad", True):
-            return (
-                "sync_grad=False: the block runs inside the strategy's block_backward_sync(); Lightning has no "
-                "statement form of it that is exception-safe (toggle_model untoggles on a clean exit only)"
-            )
+            flags[name] = None
+            named.append(value)
+        if flags.get("sync_grad", True) is not True and self.contextlib_taken is not None:
+            return f"sync_grad: `contextlib` is {self.contextlib_taken} here (the statements need the module)"
         if read.through and self.shadowed is not None:
             return f"`toggleshim` may not be the package here: {self.shadowed}"
         recv = read.args[0].value if read.through else read.receiver
@@ -248,7 +302,8 @@ class _Unmigrator(_Walker):
         if target is not None:
             return target
         body = self.body(stmt)
-        return self.body_refusal(body, opt, recv, flags) or (None if read.through else self.overridden(recv, flags))
+        return self.body_refusal(body, opt, recv, flags, named) or (
+            None if read.through else self.overridden(recv, flags))
 
     def as_target(self, item: cst.WithItem, opt: cst.BaseExpression, recv: cst.BaseExpression) -> str | None:
         """Why ``as N`` cannot become ``N = X`` (None: it can, or there is none)."""
@@ -262,7 +317,8 @@ class _Unmigrator(_Walker):
         return None
 
     def body_refusal(
-        self, body: Sequence[cst.CSTNode], opt: cst.BaseExpression, recv: cst.BaseExpression, flags: dict[str, bool]
+        self, body: Sequence[cst.CSTNode], opt: cst.BaseExpression, recv: cst.BaseExpression,
+        flags: dict[str, bool | None], named: Sequence[cst.BaseExpression] = (),
     ) -> str | None:
         """Why the body keeps the block from being the statements."""
         for stmt in body:
@@ -271,7 +327,7 @@ class _Unmigrator(_Walker):
                 if (m is not None and _toggling(m)) or (isinstance(sub, cst.Call) and self.read(sub) is not None):
                     what = m[1] if m is not None else "toggle"
                     return f"a {what} call (line {self.line(sub)}) inside the block would nest"
-        if flags.get("step", True):
+        if flags.get("step", True) is not False:  # True, or a name that may be true
             escape = next(filter(None, (_escape(s, suspends=False) for s in body)), None)
             if escape is not None:
                 return (
@@ -284,9 +340,9 @@ class _Unmigrator(_Walker):
                     f"a `.step(...)` call (line {self.line(stepping)}) inside a block that steps on exit: the block "
                     "refuses a second step (a RuntimeError at its exit), the statements would step twice"
                 )
-        return _rebinds(body, [opt, recv]) or self.declared_refusal((opt, recv), "inside the block")
+        return _rebinds(body, [opt, recv, *named]) or self.declared_refusal((opt, recv, *named), "inside the block")
 
-    def overridden(self, recv: cst.BaseExpression, flags: dict[str, bool]) -> str | None:
+    def overridden(self, recv: cst.BaseExpression, flags: dict[str, bool | None]) -> str | None:
         """``with R.toggle_optimizer(X)`` calls an override with the block's flags and uses what it
         returns; the statement calls it with X alone and drops its result. Equal only where no class
         ``R`` may be of overrides it, or (no flags) every override returns its ``super()``'s toggle."""
@@ -319,23 +375,33 @@ class _Unmigrator(_Walker):
         recv = read.args[0].value if read.through else read.receiver
         opt = read.args[-1].value
         assert recv is not None
-        flags = {a.keyword.value: _code(a.value).strip() == "True" for a in read.call.args if a.keyword is not None}
+        # each flag: the literal True or False, or the expression the block reads (a name)
+        flags: dict[str, bool | cst.BaseExpression] = {}
+        for a in read.call.args:
+            if a.keyword is not None:
+                literal = _code(a.value).strip()
+                flags[a.keyword.value] = literal == "True" if literal in ("True", "False") else a.value
         item = stmt.items[0]
         block = stmt.body if isinstance(stmt.body, cst.IndentedBlock) else None
         body: list[Any] = [self.walk(s, None) for s in self.body(stmt)]
-        if flags.get("zero_grad", True) or flags.get("step", True) or item.asname is not None:
+        zero, step, sync = (flags.get(name, True) for name in _FLAGS)
+        if zero is not False or step is not False or item.asname is not None or sync is not True:
             body = [s for s in body if not _bare_pass(s)]  # the try holds more than the body now
-        if flags.get("zero_grad", True):
-            body.insert(0, _statement(_method(opt, "zero_grad")))
+        if zero is not False:
+            body.insert(0, _when(zero, _method(opt, "zero_grad")))
         if item.asname is not None:
             assert isinstance(item.asname.name, cst.Name)
             bind = cst.Assign(targets=[cst.AssignTarget(item.asname.name)], value=opt)
-            body.insert(1 if flags.get("zero_grad", True) else 0, cst.SimpleStatementLine(body=[bind]))
+            body.insert(0 if zero is False else 1, cst.SimpleStatementLine(body=[bind]))
         footer = list(block.footer) if block is not None else []
-        if flags.get("step", True):  # the body's closing comments stay above the step, at the body's end
-            body.append(_statement(_method(opt, "step"), leading_lines=footer))
+        if step is not False:  # the body's closing comments stay above the step, at the body's end
+            body.append(_when(step, _method(opt, "step"), leading_lines=footer))
             footer = []
         indent = block.indent if block is not None else None
+        if sync is not True:  # the block's no-sync context, entered after the toggle, around all of it
+            self.needs_contextlib = True
+            body = [cst.With(items=[cst.WithItem(_no_sync(recv, sync))], body=cst.IndentedBlock(body=body,
+                                                                                                 indent=indent))]
         header = block.header if block is not None else cst.TrailingWhitespace()
         toggle = _statement(_method(recv, _TOGGLE, opt), leading_lines=stmt.leading_lines, trailing_whitespace=header)
         untoggle = cst.IndentedBlock(body=[_statement(_method(recv, _UNTOGGLE, opt))], indent=indent)
@@ -343,3 +409,42 @@ class _Unmigrator(_Walker):
             body=cst.IndentedBlock(body=body, indent=indent, footer=footer), finalbody=cst.Finally(body=untoggle)
         )
         return [toggle, guarded]
+
+
+@dataclass
+class _StepInside:
+    """A ``X.step(...)`` inside a block over ``X`` that steps on exit (``migrate --check``)."""
+
+    line: int  # of the step call
+    block_line: int
+    block: str  # the block's call as written
+    step: str  # the step call as written
+    when: str | None  # the block's step flag where it is not a literal (it steps when that is true)
+
+
+def steps_inside(module: cst.Module, positions: Any, program: _Program) -> list[_StepInside]:
+    """Each ``.step(...)`` on a block's own optimizer (its expression, or the ``as`` name) inside a block
+    whose ``step`` flag is not a literal ``False``: the block would step it again on exit (toggleshim
+    refuses that at the exit with a ``RuntimeError``). Steps of other optimizers are not the block's."""
+    walker = _Unmigrator(module, positions, program)
+    found: list[_StepInside] = []
+    for node in _nodes(module):
+        if not isinstance(node, cst.With) or not node.items:
+            continue
+        item = node.items[0]
+        read = walker.read(item.item)
+        if read is None or not read.args:
+            continue
+        step = next((a.value for a in read.call.args if a.keyword is not None and a.keyword.value == "step"), None)
+        if isinstance(step, cst.Name) and step.value == "False":
+            continue
+        when = None if step is None or (isinstance(step, cst.Name) and step.value == "True") else _code(step).strip()
+        opt = read.args[-1].value
+        names = [opt] + ([item.asname.name] if item.asname is not None and isinstance(item.asname.name, cst.Name)
+                         else [])
+        for sub in (n for s in walker.body(node) for n in _nodes(s)):
+            m = _method_call(sub)
+            if m is not None and m[1] == "step" and any(_same(m[0], n) for n in names):
+                found.append(_StepInside(walker.line(sub), walker.line(node), _code(read.call).strip(),
+                                         _code(sub).strip(), when))
+    return found

@@ -111,7 +111,7 @@ class _Run:
 def _migrate_files(files: list[str], mode: str, assume: frozenset[str] = frozenset(), verbose: bool = False) -> int:
     """Statement toggles into blocks: every file of the run; the exit code."""
     run = _Run(files, mode)
-    findings = changed = migrated = checked = plain = 0
+    findings = changed = migrated = checked = plain = doubled = 0
     outside: set[str] = set()
     dropping: dict[tuple[str, int, str], tuple[str, int]] = {}  # override (path, line, class) -> a block on it
     for path, result in run.analysed(lambda parsed, program: _analyse(parsed, program, assume)):
@@ -128,6 +128,14 @@ def _migrate_files(files: list[str], mode: str, assume: frozenset[str] = frozens
                 )
             for override, line in result.dropped:
                 dropping.setdefault(override, (path, line))
+            for inside in result.steps_inside:
+                doubled += 1
+                when = f" (step={inside.when}: when `{inside.when}` is true)" if inside.when else ""
+                sys.stdout.write(
+                    f"{path}:{inside.line}: `{inside.step}` inside `with {inside.block}:` (line {inside.block_line}), "
+                    f"which steps on exit{when}: the optimizer would step twice (toggleshim raises a RuntimeError at "
+                    "the block's exit instead); pass step=False to keep this call, or drop it and let the block step\n"
+                )
             sys.stdout.flush()  # a closed pipe shows here, not at exit
             continue
         for span in result.spans:
@@ -151,11 +159,12 @@ def _migrate_files(files: list[str], mode: str, assume: frozenset[str] = frozens
         else:
             n = len(dropping)
             drops = f"; {_plural(n, 'override')} of toggle_optimizer dropping a block's toggle" if n else ""
+            steps = f"; {_plural(doubled, 'step')} inside a block that steps on exit" if doubled else ""
             sys.stderr.write(
                 f"toggleshim migrate --check: {_plural(findings, 'statement toggle')} not exception-safe "
-                f"in {_plural(checked, 'file')} checked{drops}{run.unread}\n"
+                f"in {_plural(checked, 'file')} checked{drops}{steps}{run.unread}\n"
             )
-        return 1 if findings or dropping or run.failed else 0
+        return 1 if findings or dropping or doubled or run.failed else 0
     if plain:
         run.assumed(outside, _ASSUMED, _ASSUMED_IN_FULL, verbose)
     verb = "rewrote" if mode == "write" else "would rewrite"

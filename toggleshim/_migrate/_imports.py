@@ -174,6 +174,43 @@ def _add_import(module: cst.Module, path: str = "<string>", used: bool = False) 
     return module.with_changes(body=body)
 
 
+def _add_stdlib_import(module: cst.Module, name: str, path: str = "<string>") -> cst.Module:
+    """``import <name>`` (a standard-library module the way back writes, ``contextlib``) where isort and
+    ruff put it, unless the file imports it at the top level already; at the top (after the docstring
+    and ``from __future__``) where the file has no imports."""
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine) and any(
+            isinstance(small, cst.Import) and any(_code(a.name).strip() == name and a.asname is None
+                                                   for a in small.names)
+            for small in stmt.body
+        ):
+            return module
+    body = list(module.body)
+    first_party = _first_party(path)
+    start = 1 if body and isinstance(_only_expr(body[0]), (cst.SimpleString, cst.ConcatenatedString)) else 0
+    end = start
+    while end < len(body) and _import_key(body[end], first_party) is not None:
+        end += 1
+    keys = [_import_key(stmt, first_party) for stmt in body[start:end]]
+    mine = (_STDLIB, 0, name)
+    pos = start + next((n for n, key in enumerate(keys) if key is not None and key > mine), len(keys))
+    new: Any = cst.parse_statement(f"import {name}\n")
+    if pos < len(body):
+        after = body[pos]
+        prev = keys[pos - start - 1] if pos > start else None
+        following = keys[pos - start] if pos < end else None
+        if prev is None or prev[0] != _STDLIB:  # it opens the section: it takes the blank lines there
+            lead = list(itertools.takewhile(lambda line: line.comment is None, after.leading_lines))
+            new = new.with_changes(leading_lines=lead if pos > start or start else [])
+            rest = list(after.leading_lines)[len(lead):]
+            gap = [cst.EmptyLine()] * (1 if following is not None and following[0] != _STDLIB else
+                                       2 if following is None and isinstance(after, (cst.FunctionDef, cst.ClassDef))
+                                       else 1 if following is None else 0)
+            body[pos] = after.with_changes(leading_lines=gap + rest)
+    body.insert(pos, new)
+    return module.with_changes(body=body)
+
+
 # -- the way back: imports of toggleshim that nothing uses any more --------------------------------
 
 

@@ -13,8 +13,8 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from toggleshim._migrate._assumptions import ASSUMPTIONS
-from toggleshim._migrate._back import _Block, _Unmigrator
-from toggleshim._migrate._imports import _add_import, _drop_imports, _names_used, _of_toggleshim
+from toggleshim._migrate._back import _Block, _StepInside, _Unmigrator, steps_inside
+from toggleshim._migrate._imports import _add_import, _add_stdlib_import, _drop_imports, _names_used, _of_toggleshim
 from toggleshim._migrate._program import _Program
 from toggleshim._migrate._rules import _Migrator, _Span
 from toggleshim._migrate._syntax import _nodes
@@ -32,6 +32,7 @@ class _FileResult:
     # overrides of toggle_optimizer that drop the toggle a `with self.toggle_optimizer(...)` of this
     # file uses: ((the override's file, the line of its super() call, its class), the block's line)
     dropped: list[tuple[tuple[str, int, str], int]] = field(default_factory=list)
+    steps_inside: list[_StepInside] = field(default_factory=list)  # a step inside a block that steps (--check)
 
 
 @dataclass
@@ -63,6 +64,7 @@ def _migrate_parsed(parsed: _Parsed, program: _Program, assume: frozenset[str] =
     result.plain, result.outside = migrator.plain, migrator.outside
     result.dropped = [((c.path, c.drops, c.name), line) for line, cls in migrator.blocks for c in program.dropping(cls)
                       if c.drops is not None]
+    result.steps_inside = steps_inside(parsed.module, parsed.positions, program)
     return result
 
 
@@ -174,6 +176,8 @@ class _BackResult:
 def _unmigrate_parsed(parsed: _Parsed, program: _Program) -> _BackResult:
     walker = _Unmigrator(parsed.module, parsed.positions, program)
     module = walker.run()
+    if walker.needs_contextlib:  # a block with sync_grad became the statements: they enter a context
+        module = _add_stdlib_import(module, "contextlib", parsed.path)
     blocks = sorted(walker.blocks, key=lambda b: b.line)
     return _BackResult(parsed.path, parsed.source, parsed.module, module, blocks, sorted(set(walker.other)),
                        walker.imports, bool(walker.plain), walker.outside)

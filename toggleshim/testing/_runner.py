@@ -358,7 +358,7 @@ class _Runner:
             # toggleshim's refusal is this block's outcome (it comes first: the body completed), unless
             # an interrupt landed in the exit (it propagates ahead of errors)
             if refused and isinstance(exc, Exception) and self.check_model:
-                if not (isinstance(exc, RuntimeError) and "step() ran inside" in str(exc)):
+                if not (isinstance(exc, RuntimeError) and "would step twice" in str(exc)):  # either refusal
                     raise Mismatch(f"{self.driver.name} world: {exc!r} came out where the model expects the "
                                    "double step's RuntimeError") from exc
                 # raised ahead of whatever the untoggle then raised (a no-sync context's exit fault)

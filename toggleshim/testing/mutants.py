@@ -127,7 +127,8 @@ _STEP = """
 try:
     if exc_type is None and self._flags["step"]:
         if self._stepped:
-            raise _double_step(_toggle._unwrap(optimizer))
+            raise _double_step(_toggle._unwrap(optimizer), self._inner_block)
+        self._stepped = None
         optimizer.step()
 except BaseException:
     quietly(self._leave, retry=False)
@@ -232,8 +233,8 @@ SHIM: dict[str, Edit] = {
         "_through_users", "block._flags = {**block._flags, **explicit}", "block._flags = {**_DEFAULTS, **explicit}"
     ),
     "a step inside a block goes unnoticed": Edit(
-        "Toggle._exit", "if self._stepped:\n    raise _double_step(_toggle._unwrap(optimizer))",
-        "if False:\n    raise _double_step(_toggle._unwrap(optimizer))",
+        "Toggle._exit", "if self._stepped:\n    raise _double_step(_toggle._unwrap(optimizer), self._inner_block)",
+        "if False:\n    raise _double_step(_toggle._unwrap(optimizer), self._inner_block)",
     ),
     # the watch is ``step`` on the optimizer instance (torch's step hooks are stripped by torch 2.0 and 2.1's
     # first torch.compile): what `check`'s torch properties must see fail
