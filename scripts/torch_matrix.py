@@ -280,7 +280,7 @@ def run_cell(torch: str, lightning: str, args: argparse.Namespace) -> dict[str, 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TOGGLESHIM_FLAVOUR", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     pins = [f"torch=={torch}", f"lightning=={lightning}", f"pytorch-lightning=={lightning}"]
-    pip = [python, "-m", "pip", "install", "--no-input"]
+    pip = [python, "-m", "pip", "install", "--no-input", "--no-compile"]  # bytecode on import: minutes less a cell
     steps = [
         ("venv", [args.python, "-m", "venv", str(venv)]),
         ("torch", [*pip, f"torch=={torch}"]),
@@ -328,8 +328,8 @@ def run_cell(torch: str, lightning: str, args: argparse.Namespace) -> dict[str, 
     meta["seconds"]["total"] = round(time.monotonic() - started, 1)
     meta["recorded_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    if not args.keep:
-        shutil.rmtree(venv, ignore_errors=True)
+    if not args.keep:  # rm is several times faster than shutil.rmtree on a venv of 100,000 files
+        subprocess.run(["rm", "-rf", "--", str(venv)], check=False)
     return meta
 
 
