@@ -328,9 +328,12 @@ def run_cell(torch: str, lightning: str, args: argparse.Namespace) -> dict[str, 
     meta["seconds"]["total"] = round(time.monotonic() - started, 1)
     meta["recorded_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    if not args.keep:  # rm is several times faster than shutil.rmtree on a venv of 100,000 files
-        subprocess.run(["rm", "-rf", "--", str(venv)], check=False)
+    if not args.keep:  # rm, faster than shutil.rmtree, in the background during the next cell (`run` waits)
+        DELETING.append(subprocess.Popen(["rm", "-rf", "--", str(venv)]))
     return meta
+
+
+DELETING: list[subprocess.Popen[bytes]] = []  # the venvs being removed
 
 
 def run(args: argparse.Namespace) -> int:
@@ -347,6 +350,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{slug(torch, lightning)}: {row['result']}; tests {row['tests']}; check {row['check']}; "
               f"{meta['seconds']['total']:.0f} s", flush=True)  # fmt: skip
         status = status or int(row["result"] != "pass")
+    for deleting in DELETING:
+        deleting.wait()
     if args.table:
         table(args)
     return status
