@@ -1,7 +1,8 @@
 """The torch x Lightning matrix: every claimed torch, with the oldest and the newest Lightning that accepts it.
 
     nice -n 10 python3 scripts/torch_matrix.py run [--source CHECKOUT] [--results build/matrix]
-                                                   [--torch 2.0.1 ...] [--lightning 2.0.9.post0 ...] [--keep]
+                                                   [--torch 2.0.1 ...] [--lightning 2.0.9.post0 ...]
+                                                   [--cell 2.1.2:2.6.6 ...] [--keep]
     python3 scripts/torch_matrix.py table [--results build/matrix] [--data docs/docs_numbers.json]
     python3 scripts/torch_matrix.py derive      # re-read the Lightning releases' metadata (pip), compare with CELLS
     python3 scripts/torch_matrix.py cells       # the cells, in the order `run` runs them
@@ -337,8 +338,14 @@ DELETING: list[subprocess.Popen[bytes]] = []  # the venvs being removed
 
 
 def run(args: argparse.Namespace) -> int:
-    chosen = [c for c in cells() if (not args.torch or c[0] in args.torch)
-              and (not args.lightning or c[1] in args.lightning)]  # fmt: skip
+    wanted = {tuple(c.split(":", 1)) for c in args.cell or []}
+    chosen = [
+        c
+        for c in cells()
+        if (not args.torch or c[0] in args.torch)
+        and (not args.lightning or c[1] in args.lightning)
+        and (not wanted or c in wanted)
+    ]
     if not chosen:
         print("torch_matrix run: no cell matches; `torch_matrix.py cells` lists them", file=sys.stderr)
         return 2
@@ -467,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--python", default=sys.executable, help="the interpreter the venvs are made from")
     r.add_argument("--torch", action="append", help="only this torch (repeatable)")
     r.add_argument("--lightning", action="append", help="only this Lightning release (repeatable)")
+    r.add_argument("--cell", action="append", metavar="TORCH:LIGHTNING", help="only this cell (repeatable)")
     r.add_argument("--keep", action="store_true", help="keep each cell's venv")
     r.add_argument("--workers", default="2", help="pytest -n (default 2)")
     r.add_argument("--timeout", type=float, default=3600, help="seconds for check, and for pytest (default 3600)")
