@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from _fake_release import function_like, method_copy
+from _fixtures import DISABLE, DISABLE_TAKES_RECURSIVE
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -78,8 +79,9 @@ def _release_method(draw: st.DrawFn, fn: Any, key: tuple[str, str]) -> tuple[str
     if code == "own":
         return code, fn
     if code == "marked":  # Lightning's newest source does this
-        recursive = draw(st.booleans(), label="recursive")
-        return code, method_copy(fn, (), decorate=f"torch.compiler.disable(recursive={recursive})")
+        recursive = draw(st.booleans(), label="recursive")  # (torch 2.0's disable takes no options)
+        options = f"(recursive={recursive})" if DISABLE_TAKES_RECURSIVE else ""
+        return code, method_copy(fn, (), decorate=DISABLE + options)
     if code == "changed":  # a new optional parameter: the shim could wrap it, but the code is not verified
         return code, method_copy(fn, ((") -> None:", ", extra: int = 1) -> None:"),))
     if code == "unreadable":

@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import nn
+
+# torch's marking of what dynamo must not trace: torch.compiler.disable from torch 2.1; on torch 2.0,
+# torch._dynamo.disable, which takes no options (recursive= arrives in 2.1, reason= in 2.8)
+DISABLE = "torch.compiler.disable" if hasattr(getattr(torch, "compiler", None), "disable") else "torch._dynamo.disable"
+disable: Any = eval(DISABLE, {"torch": torch})
+DISABLE_TAKES_RECURSIVE = "recursive" in inspect.signature(disable).parameters
+
+
+def compile_refused() -> str | None:
+    """What torch.compile says when it refuses this Python (torch 2.0 on Python 3.11), else None."""
+    check = getattr(importlib.import_module("torch._dynamo.eval_frame"), "check_if_dynamo_supported", None)
+    try:
+        if check is not None:
+            check()
+    except RuntimeError as refusal:
+        return str(refusal)
+    return None
 
 
 def default_run() -> bool:

@@ -99,6 +99,10 @@ class AtFirstLine(Interrupter):
         return self._line
 
 
+# the C base of every tensor: torch._C.TensorBase from torch 2.3, torch._C._TensorBase before
+_TENSOR_BASE: Any = getattr(torch._C, "TensorBase", None) or torch._C._TensorBase  # type: ignore[attr-defined]
+
+
 class Refusing(nn.Parameter):
     """A parameter whose ``requires_grad`` setter refuses one value (subclasses and hooks can)."""
 
@@ -107,7 +111,7 @@ class Refusing(nn.Parameter):
 
     @property  # type: ignore[override]
     def requires_grad(self) -> bool:
-        return torch._C.TensorBase.requires_grad.__get__(self)  # type: ignore[attr-defined,no-any-return]
+        return _TENSOR_BASE.requires_grad.__get__(self)  # type: ignore[no-any-return]
 
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
@@ -115,7 +119,7 @@ class Refusing(nn.Parameter):
             error = self.refusal(value)
             Refusing.errors.append(error)
             raise error
-        torch._C.TensorBase.requires_grad.__set__(self, value)  # type: ignore[attr-defined]
+        _TENSOR_BASE.requires_grad.__set__(self, value)
 
     def refusal(self, value: bool) -> BaseException:
         """What a refused write raises (a subclass may raise something else)."""

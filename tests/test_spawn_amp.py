@@ -73,9 +73,13 @@ BLOWN = {"d": frozenset({1, 5}), "g": frozenset({3, 5})}
 # A small growth interval so that the history holds growth as well as back-off; a smaller initial
 # scale than the default 2**16 so that growth alone never overflows these gradients.
 INIT_SCALE, GROWTH_INTERVAL = 2.0**10, 3
+# torch.amp.GradScaler, the loss scaler that runs on a CPU, exists from torch 2.3; before, no step is ever
+# skipped on a CPU: there the AMP tests run what Lightning runs for "16-mixed" on a CPU (bf16 autocast,
+# no scaler) and assert that instead
+CPU_LOSS_SCALER = hasattr(torch.amp, "GradScaler")
 
 
-def _scaler() -> torch.amp.GradScaler:
+def _scaler() -> Any:
     return torch.amp.GradScaler("cpu", init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
 
 
@@ -139,7 +143,7 @@ def _amp_run(flavour: str, style: str) -> SimpleNamespace:
     model = _amp_gan_class(pl)(style)
     # MixedPrecision since Lightning 2.1; MixedPrecisionPlugin before (same arguments)
     amp = getattr(precision, "MixedPrecision", None) or precision.MixedPrecisionPlugin
-    plugin = amp("16-mixed", "cpu", scaler=_scaler())
+    plugin = amp("16-mixed", "cpu", scaler=_scaler()) if CPU_LOSS_SCALER else amp("bf16-mixed", "cpu")
     trainer = pl.Trainer(max_epochs=1, plugins=[plugin], **M.TRAINER_DEFAULTS)
     data = M.loader(AMP_BATCHES * AMP_BATCH, AMP_BATCH)
     if style == "manual":
@@ -147,7 +151,7 @@ def _amp_run(flavour: str, style: str) -> SimpleNamespace:
             trainer.fit(model, data)
     else:
         trainer.fit(model, data)
-    return SimpleNamespace(model=model, trainer=trainer, scaler=plugin.scaler)
+    return SimpleNamespace(model=model, trainer=trainer, scaler=getattr(plugin, "scaler", None))
 
 
 def _expected_scales() -> list[float]:
@@ -177,7 +181,10 @@ def test_fp16_amp_block_equals_lightning_sequence_with_skipped_steps(flavour: st
     _assert_same([p.grad for p in block.model.parameters()], [p.grad for p in manual.model.parameters()], "grads")
     _assert_same([o.state_dict() for o in block.trainer.optimizers],
                  [o.state_dict() for o in manual.trainer.optimizers], "optimizers")
-    _assert_same(block.scaler.state_dict(), manual.scaler.state_dict(), "scaler")
+    if CPU_LOSS_SCALER:
+        _assert_same(block.scaler.state_dict(), manual.scaler.state_dict(), "scaler")
+    else:
+        assert block.scaler is None and block.model.dtypes == {"torch.bfloat16"}
     # a skipped step still counts: Lightning counts optimizer.step() calls, not updates
     assert block.trainer.global_step == manual.trainer.global_step == 2 * AMP_BATCHES
     assert all(p.requires_grad for p in block.model.parameters())
@@ -187,6 +194,12 @@ def test_fp16_amp_scaler_skips_exactly_the_blown_up_steps(flavour: str) -> None:
     # what makes the comparison above worth something: fp16 autocast ran, steps were skipped
     run = _amp_run(flavour, "block")
     history = run.model.history
+    if not CPU_LOSS_SCALER:  # torch < 2.3: no loss scaler on a CPU, so every step is taken, overflow or not
+        assert run.model.dtypes == {"torch.bfloat16"} and run.scaler is None
+        assert run.trainer.global_step == len(history) == 2 * AMP_BATCHES
+        g_state, d_state = (opt.state_dict()["state"] for opt in run.trainer.optimizers)
+        assert {float(s["step"]) for st in (g_state, d_state) for s in st.values()} == {AMP_BATCHES}
+        return
     assert run.model.dtypes == {"torch.float16"}
     scales = [h["scale"] for h in history]
     assert scales == _expected_scales()

@@ -164,6 +164,9 @@ class Toggle(Generic[_OptT]):
         ``step`` was there), taken off at the exit: a step inside a block that steps on exit is refused,
         not made twice. Not torch's step hooks: torch 2.0 and 2.1's dynamo strips them from every
         optimizer class at the first ``torch.compile`` in the process."""
+        own = getattr(inner, "__dict__", None)
+        if type(own) is not dict:  # (an optimizer-like object without instance attributes: not watched)
+            return
         block = weakref.ref(self)
         taken = inner.step
 
@@ -173,7 +176,7 @@ class Toggle(Generic[_OptT]):
                 toggle._stepped = True
             return taken(*args, **kwargs)
 
-        step.covers = vars(inner).get("step", _NOTHING)  # type: ignore[attr-defined]
+        step.covers = own.get("step", _NOTHING)  # type: ignore[attr-defined]
         step.closed = False  # type: ignore[attr-defined]
         # a bound method, as torch's own LR schedulers expect ``optimizer.step`` to be
         self._watch = watch = MethodType(step, inner)
