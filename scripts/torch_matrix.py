@@ -409,8 +409,14 @@ def _row(result_dir: Path) -> dict[str, Any]:
     try:
         report = json.loads((result_dir / "check.json").read_text())
         props = sorted({str(p.get("prop")) for p in report.get("properties", [])})
+        probes = [p for p in report.get("torch", []) if isinstance(p, dict)]
     except (OSError, json.JSONDecodeError, AttributeError):
-        props = []
+        props, probes = [], []
+    if probes:  # check's torch properties (the torch behaviours the block relies on), each flavour
+        verdicts = [str(p.get("verdict")) for p in probes]
+        text = ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts))
+        bad = sorted({f"{p.get('prop')}" for p in probes if p.get("verdict") not in ("pass", "n/a")})
+        check_text += f"; torch properties: {text}" + (f" ({', '.join(bad)})" if bad else "")
     passed = meta.get("pytest_exit") == 0 and counts is not None and counts["tests"] > 0 and check_ok
     return {**row, "tests": tests, "check": check_text, "check_properties": props,
             "result": "pass" if passed and not bad_imports else "FAIL"}  # fmt: skip

@@ -97,6 +97,20 @@ def test_a_failing_cell_is_a_fail_row_with_its_failing_test_named(tmp_path: Path
     assert torch_matrix._row(out)["result"] == "pass"
 
 
+def test_checks_torch_properties_are_in_the_row_a_failing_one_by_name(tmp_path: Path) -> None:
+    out = _cell(tmp_path, pytest_exit=0, check_exit=1)
+    (out / "junit.xml").write_text(JUNIT.replace('failures="1"', 'failures="0"'))
+    torch = [
+        {"prop": "step refused", "flavour": "a", "verdict": "pass"},
+        {"prop": "step refused after compile", "flavour": "a", "verdict": "FAIL"},
+        {"prop": "compile keeps dynamo out", "flavour": "a", "verdict": "n/a"},
+    ]
+    (out / "check.json").write_text(json.dumps({"ok": False, "properties": [], "torch": torch}))
+    row = torch_matrix._row(out)
+    assert row["result"] == "FAIL"
+    assert row["check"].endswith("; torch properties: 1 pass, 1 FAIL, 1 n/a (step refused after compile)")
+
+
 def test_a_cell_that_did_not_install_is_recorded_so(tmp_path: Path) -> None:
     out = _cell(tmp_path, install_failed="lightning (exit 1)", versions={})
     row = torch_matrix._row(out)
