@@ -250,6 +250,50 @@ def failures(junit: Path, lines: int = 6) -> list[str]:
     return out
 
 
+def write_failures(out: Path) -> str | None:
+    """``out/failures.txt`` for a cell that did not pass: what failed to install, check's failing properties,
+    the failing tests with their first error lines (pytest's last lines where it wrote no JUnit XML)."""
+    meta = json.loads((out / "meta.json").read_text())
+    parts: list[str] = []
+    if meta.get("install_failed"):
+        parts.append(f"install failed: {meta['install_failed']}\n{meta.get('install_error', '')}")
+    try:
+        report = json.loads((out / "check.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        report = {}
+    bad = [
+        p for p in [*report.get("properties", []), *report.get("torch", [])] if p.get("verdict") not in ("pass", "n/a")
+    ]
+    if bad:
+        parts.append(
+            f"check (exit {meta.get('check_exit')}): {len(bad)} properties failed\n"
+            + "\n".join(
+                f"    {p.get('flavour')} / {p.get('prop')}: {str(p.get('message', '')).splitlines()[0][:300]}"
+                for p in bad
+            )
+        )
+    elif meta.get("check_exit") not in (None, 0):
+        log = (out / "check.log").read_text() if (out / "check.log").exists() else ""
+        parts.append(f"check exited {meta['check_exit']}:\n" + "\n".join(log.splitlines()[-20:]))
+    found = failures(out / "junit.xml")
+    if found:
+        parts.append(
+            f"pytest (exit {meta.get('pytest_exit')}): {len(found)} failed or erroring tests\n\n" + "\n\n".join(found)
+        )
+    elif meta.get("pytest_exit") not in (None, 0):
+        log = (out / "pytest.log").read_text() if (out / "pytest.log").exists() else ""
+        parts.append(
+            f"pytest exited {meta['pytest_exit']}, no failing test in its JUnit XML; its last lines:\n"
+            + "\n".join(log.splitlines()[-25:])
+        )
+    path = out / "failures.txt"
+    if not parts:
+        path.unlink(missing_ok=True)
+        return None
+    path.write_text("\n\n".join(parts) + "\n")
+    return str(path)
+
+
 def _constraint_args(source: Path, torch: str, lightning: str) -> list[str]:
     args = ["-c", str(source / CONSTRAINTS / "base.txt")]
     if _v(lightning) < (2, 4):
@@ -323,12 +367,10 @@ def run_cell(torch: str, lightning: str, args: argparse.Namespace) -> dict[str, 
         meta["pytest_command"] = shlex.join(["python", *pytest[1:]])
         meta["pytest_exit"], meta["seconds"]["pytest"] = _step(pytest, out / "pytest.log", cwd=source, env=test_env,
                                                                timeout=args.timeout)  # fmt: skip
-        found = failures(out / "junit.xml")
-        if found:
-            (out / "failures.txt").write_text(f"{len(found)} failed or erroring tests\n\n" + "\n\n".join(found) + "\n")
     meta["seconds"]["total"] = round(time.monotonic() - started, 1)
     meta["recorded_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    write_failures(out)
     if not args.keep:  # rm, faster than shutil.rmtree, in the background during the next cell (`run` waits)
         DELETING.append(subprocess.Popen(["rm", "-rf", "--", str(venv)]))
     return meta
@@ -403,20 +445,25 @@ def _row(result_dir: Path) -> dict[str, Any]:
         failed, errors, skipped = (int(counts[k]) for k in ("failures", "errors", "skipped"))
         tests = f"{int(counts['tests']) - failed - errors - skipped} / {failed} / {errors} / {skipped}"
     check_text, check_ok = mt._check_verdict(meta, result_dir / "check.json")
-    bad_imports = [m for m, e in meta.get("import_errors", {}).items() if e]
-    if bad_imports:
-        check_text += f"; {', '.join(bad_imports)} does not import"
     try:
         report = json.loads((result_dir / "check.json").read_text())
         props = sorted({str(p.get("prop")) for p in report.get("properties", [])})
         probes = [p for p in report.get("torch", []) if isinstance(p, dict)]
     except (OSError, json.JSONDecodeError, AttributeError):
-        props, probes = [], []
+        report, props, probes = {}, [], []
+    records = [p for p in report.get("properties", []) if isinstance(p, dict)] if isinstance(report, dict) else []
+    if records and not check_ok:  # each failing property once (a property runs once a flavour)
+        failing = dict.fromkeys(str(p.get("prop")) for p in records if p.get("verdict") != "pass")
+        passed = sum(p.get("verdict") == "pass" for p in records)
+        check_text = f"FAIL ({passed}/{len(records)} properties; failing: {', '.join(failing) or 'none'})"
     if probes:  # check's torch properties (the torch behaviours the block relies on), each flavour
         verdicts = [str(p.get("verdict")) for p in probes]
         text = ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts))
         bad = sorted({f"{p.get('prop')}" for p in probes if p.get("verdict") not in ("pass", "n/a")})
         check_text += f"; torch properties: {text}" + (f" ({', '.join(bad)})" if bad else "")
+    bad_imports = [m for m, e in meta.get("import_errors", {}).items() if e]
+    if bad_imports:
+        check_text += f"; {', '.join(bad_imports)} does not import"
     passed = meta.get("pytest_exit") == 0 and counts is not None and counts["tests"] > 0 and check_ok
     return {**row, "tests": tests, "check": check_text, "check_properties": props,
             "result": "pass" if passed and not bad_imports else "FAIL"}  # fmt: skip
@@ -428,6 +475,7 @@ def table(args: argparse.Namespace) -> int:
     for torch, lightning in sorted(cells(), key=lambda c: (_v(c[0]), _v(c[1]))):
         if (results / slug(torch, lightning) / "meta.json").exists():
             rows.append(_row(results / slug(torch, lightning)))
+            write_failures(results / slug(torch, lightning))
         else:
             rows.append(
                 {
