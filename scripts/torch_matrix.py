@@ -441,7 +441,7 @@ def _row(result_dir: Path) -> dict[str, Any]:
     counts = mt._junit_counts(result_dir / "junit.xml")
     if counts is None:
         code = meta.get("pytest_exit")
-        tests = "none ran (pytest timed out)" if code == -1 else f"none ran (pytest exit {code}: the suite did not load)"
+        tests = "none ran (pytest timed out)" if code == -1 else f"none ran (pytest exit {code}: suite did not load)"
     else:
         failed, errors, skipped = (int(counts[k]) for k in ("failures", "errors", "skipped"))
         tests = f"{int(counts['tests']) - failed - errors - skipped} / {failed} / {errors} / {skipped}"
