@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_workflow import LIGHTNING_TORCH_FLOOR, LIGHTNING_VERSIONS
+from test_workflow import LIGHTNING_TORCH_FLOOR, LIGHTNING_VERSIONS, TOGGLESHIM_TORCH_FLOOR, _v
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -49,7 +49,10 @@ def test_the_cells_are_every_torch_with_its_oldest_and_newest_lightning_the_floo
     assert set(cells) == {(t, v) for t, pair in torch_matrix.LIGHTNING_RANGE.items() for v in pair}
     assert cells[0] == ("2.0.1", "2.0.9.post0")
     assert {t for t, _ in cells} == set(torch_matrix.TORCH_VERSIONS)
-    assert torch_matrix.TORCH_VERSIONS[0] == "2.0.1"  # the claimed floor, pyproject's torch>=2.0
+    # the claimed floor (pyproject's torch>=2.0) is the first torch, and no torch is run twice in a line
+    assert _v(torch_matrix.TORCH_VERSIONS[0])[:2] == _v(TOGGLESHIM_TORCH_FLOOR)[:2]
+    assert sorted(torch_matrix.TORCH_VERSIONS, key=_v) == torch_matrix.TORCH_VERSIONS
+    assert len({_v(t)[:2] for t in torch_matrix.TORCH_VERSIONS}) == len(torch_matrix.TORCH_VERSIONS)
 
 
 def _cell(tmp_path: Path, **meta: Any) -> Path:
