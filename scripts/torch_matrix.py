@@ -241,8 +241,10 @@ def failures(junit: Path, lines: int = 6) -> list[str]:
             problem = case.find(kind)
             if problem is None:
                 continue
-            module = (case.get("classname") or "").replace(".", "/")
-            test_id = f"{module}.py::{case.get('name')}" if module else str(case.get("name"))
+            parts = (case.get("classname") or "").split(".")  # package.module[.Class]: a class is capitalised
+            split = next((i for i, part in enumerate(parts) if part[:1].isupper()), len(parts))
+            module, classes = "/".join(parts[:split]), parts[split:]
+            test_id = "::".join([f"{module}.py", *classes, str(case.get("name"))]) if module else str(case.get("name"))
             first = [line for line in (problem.get("message") or "").splitlines() if line.strip()][:1]
             body = [line for line in (problem.text or "").splitlines() if line.strip()]
             error_lines = [line for line in body if line.startswith("E ")][:lines] or body[-lines:]
