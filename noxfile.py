@@ -1,10 +1,10 @@
 """Local version matrix: toggleshim against every supported Lightning release, both flavours.
 
-    nox -s matrix                        # all sessions, then the table (docs/compatibility.md)
+    nox -s matrix                        # all sessions, then the table (printed)
     nox -s "matrix(lightning='2.0.9.post0', flavour='pytorch_lightning')"
     nox -s matrix --install-only         # build the venvs only
     nox -s matrix -- -k patch            # extra pytest arguments (after --)
-    nox -s matrix_table                  # rebuild the table from build/matrix/
+    nox -s matrix_table                  # print the table of build/matrix/ again
     nice -n 10 python scripts/matrix_table.py check-all   # only `toggleshim check` in the built venvs, then the table
     nox -s canary -- /path/to/pytorch-lightning           # Lightning's unreleased code from a local checkout
 
@@ -15,7 +15,9 @@ flavour's Lightning distribution (``lightning`` or ``pytorch-lightning`` only) w
 ``TOGGLESHIM_FLAVOUR`` (``lightning.pytorch`` or ``pytorch_lightning``) and ``HYPOTHESIS_PROFILE``
 (default ``dev``) set, then ``python -m toggleshim check`` when the package has a ``__main__``.
 Results land in ``build/matrix/<session>/`` (meta.json, junit.xml, check.json, install.json) for
-``scripts/matrix_table.py``.
+``scripts/matrix_table.py``. These sessions vary Lightning over one torch; docs/compatibility.md's
+table is the torch x Lightning matrix of ``scripts/torch_matrix.py`` (a fresh venv a cell, every
+claimed torch line with the oldest and the newest Lightning that accepts it).
 
 Environment: ``TOGGLESHIM_TORCH`` (pip arguments for torch, e.g.
 ``"torch==2.5.1 --index-url https://download.pytorch.org/whl/cpu"``), ``TOGGLESHIM_PYTHON``
@@ -162,11 +164,10 @@ def matrix(session: nox.Session, lightning: str, flavour: str) -> None:
 
 @nox.session(venv_backend="none")
 def matrix_table(session: nox.Session) -> None:
-    """Record the results in build/matrix/ for docs/compatibility.md (docs/docs_numbers.json), and print them."""
-    data = ROOT / "docs" / "docs_numbers.json"
+    """Print the table of the results in build/matrix/ (docs/compatibility.md's is scripts/torch_matrix.py's)."""
     session.run(
         sys.executable, str(RECORDER), "table", "--results", str(RESULTS), "--results-label", "build/matrix",
-        "--data", str(data), "--command-label", "`nox -s matrix` (pytest -n auto with HYPOTHESIS_PROFILE=dev, "
+        "--command-label", "`nox -s matrix` (pytest -n auto with HYPOTHESIS_PROFILE=dev, "
         "then `python -m toggleshim check`, in each venv)",
     )  # fmt: skip
 

@@ -13,7 +13,7 @@ README.md or a page of docs/ (not docs/dev/); NAME is one of :data:`RENDERERS`. 
   corpus list), plus the test count of ``docs/readme_numbers.json`` (``scripts/readme_numbers.py
   --count`` collects it, and renders these blocks too);
 * ``measured``: what a slow script measured, with the commit it ran at: written there by
-  ``scripts/matrix_table.py`` (``table --data``, ``check-all``) and ``scripts/mutation_score.py`` (a
+  ``scripts/torch_matrix.py`` (``table``, the torch x Lightning matrix) and ``scripts/mutation_score.py`` (a
   full run) when they run again; copied from the reports of ``scripts/lightning_suite.py`` and
   ``scripts/migrate_corpus.py``, with the commit they name (both need third-party code that is not in
   the repository: a Lightning checkout, the corpus's files). A block says what a record covers and
@@ -265,27 +265,33 @@ def render_corpus(data: dict[str, Any]) -> str:
 
 
 def render_matrix(data: dict[str, Any]) -> str:
+    """The torch x Lightning matrix's last run of every cell (``scripts/torch_matrix.py table``)."""
     m = data["measured"]["matrix"]
     rows = m["rows"]
-    pythons = sorted({r["python"] for r in rows}, key=_version)
-    torches = sorted({r["torch"] for r in rows}, key=_version)
-    commits = sorted({r["commit"] for r in rows})
-    props_now = len(data["inputs"]["check"]["properties"])
-    older = sorted({int(n) for r in rows for n in re.findall(r"/(\d+) properties", r["check"])} - {props_now})
+    ran = [r for r in rows if r["result"] != "not run"]
+    pythons = sorted({r["python"] for r in ran}, key=_version)
+    commits = sorted({r["commit"] for r in ran})
+    elsewhere = [py for py in data["inputs"]["ci"]["pythons"] if not any(p.startswith(py + ".") for p in pythons)]
+    props_now = sorted(p[0] for p in data["inputs"]["check"]["properties"])
+    older = [r for r in ran if r["check_properties"] and r["check_properties"] != props_now]
     lines = [
-        f"Run on Python {', '.join(pythons)} only, with torch {', '.join(torches)} only, by {m['produced_by']}, "
-        f"at commit {', '.join(commits)} ({m['generated']}).",
+        (f"Run here on Python {', '.join(pythons)} only, {len(ran)} of the {len(rows)} cells, by {m['produced_by']}, "
+         f"at commit {', '.join(commits)} (table of {m['generated']}).") if ran else
+        (f"None of the {len(rows)} cells has run yet ({m['produced_by']}; table of {m['generated']})."),
     ]
+    if elsewhere:
+        lines[0] += f" Python {', '.join(elsewhere)}: only in the GitHub workflow (above), not verified here."
     if older:
-        lines[0] += (f" `check` ran {', '.join(map(str, older))} properties then; it runs {props_now} now, so these "
-                     "rows predate the current check and suite: `nox -s matrix` runs them again.")
+        lines[0] += (f" In {len(older)} rows `check` ran other properties than today's {len(props_now)}: these rows "
+                     "predate the current check and suite, and `scripts/torch_matrix.py run` runs them again.")
     lines += [
         "",
-        "| Lightning | flavour | Python | torch | tests: passed / failed / errors / skipped | check | result |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| torch | Lightning (both distributions) | Python | tests: passed / failed / errors / skipped | check "
+        "| result | commit | date (UTC) | minutes |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | ---: |",
     ]
-    lines += [f"| {r['lightning']} | {r['flavour']} | {r['python']} | {r['torch']} | {r['tests']} | {r['check']} "
-              f"| {r['result']} |" for r in rows]
+    lines += [f"| {r['torch']} | {r['lightning']} | {r['python']} | {r['tests']} | {r['check'].replace('|', '/')} "
+              f"| {r['result']} | {r['commit']} | {r['date']} | {r['minutes'] or ''} |" for r in rows]
     return "\n".join(lines)
 
 

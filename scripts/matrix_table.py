@@ -3,7 +3,6 @@
     python scripts/matrix_table.py record --dir DIR --flavour F --lightning V [--pytest-exit N]
                                           [--check-exit N]
     python scripts/matrix_table.py table [--results build/matrix] [--output FILE.md]
-                                         [--data docs/docs_numbers.json]
     nice -n 10 python scripts/matrix_table.py check-all [--examples 30] [--seed 0] [--env SUBSTRING]
                                                         [--json-dir /tmp/matrix]
 
@@ -12,15 +11,14 @@
 for (another Lightning version, the ``lightning`` distribution in a ``pytorch_lightning`` env, or a
 ``pytorch-lightning`` of another version beside ``lightning``). ``table`` reads every
 ``*/meta.json`` below ``--results``, with the ``junit.xml`` (pytest ``--junitxml``) and ``check.json``
-(``python -m toggleshim check --json``) beside it, writes the table to ``--output`` and prints it;
-with ``--data``, records the rows in that file (``measured.matrix``), from which
-``scripts/docs_numbers.py`` renders the table of ``docs/compatibility.md``.
+(``python -m toggleshim check --json``) beside it, writes the table to ``--output`` and prints it.
+The table of ``docs/compatibility.md`` is not this one: it is the torch x Lightning matrix of
+``scripts/torch_matrix.py`` (its ``table``), which reuses this module's readers of junit.xml and check.json.
 ``check-all`` runs ``python -m toggleshim check`` alone (no pytest) in each nox matrix venv already
 built under ``.nox/`` (``nox -s matrix --install-only``), one venv after the other, records it in
 ``build/matrix/<session>/`` (keeping that session's pytest result when the venv's versions are
-unchanged) and records the rows in ``docs/docs_numbers.json`` for ``docs/compatibility.md``. Niceness is
-inherited by the venvs'
-processes. Standard library only, so that it runs under any interpreter.
+unchanged) and prints the table. Niceness is inherited by the venvs' processes. Standard library only,
+so that it runs under any interpreter.
 """
 
 from __future__ import annotations
@@ -272,24 +270,8 @@ def table(args: argparse.Namespace) -> int:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text)
     print(text, end="")
-    if args.data:
-        _record_rows(Path(args.data), rows, args.command_label or f"`scripts/matrix_table.py table` ({results})", now)
     failed = [r for r in rows if r["result"] not in ("pass", "check pass", "not run")]
     return 1 if (args.strict and failed) else 0
-
-
-def _record_rows(data: Path, rows: list[dict[str, Any]], produced_by: str, generated: str) -> None:
-    """The rows into ``data``'s ``measured.matrix``; where it is the docs' file, their blocks rendered from it."""
-    numbers = json.loads(data.read_text())
-    numbers.setdefault("measured", {})["matrix"] = {"produced_by": produced_by, "generated": generated, "rows": rows}
-    data.write_text(json.dumps(numbers, indent=2, ensure_ascii=False) + "\n")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    try:
-        import docs_numbers
-    finally:
-        sys.path.pop(0)
-    if data.resolve() == docs_numbers.DATA.resolve():
-        docs_numbers.render_all(numbers)
 
 
 _VENV = re.compile(r"^matrix-lightning-(?P<lightning>.+)-flavour-(?P<flavour>lightning|pytorch_lightning)$")
@@ -375,7 +357,7 @@ def check_all(args: argparse.Namespace) -> int:
               f"--seed {args.seed} --flavour <lightning.pytorch|pytorch_lightning> "
               "--json build/matrix/<session>/check.json`)")  # fmt: skip
     status = table(argparse.Namespace(results=str(results), results_label=args.results_label, output=args.output,
-                                      strict=False, command_label=label, data=args.data))  # fmt: skip
+                                      strict=False, command_label=label))  # fmt: skip
     for problem in problems:
         print(f"check-all: {problem}", file=sys.stderr)
     return 1 if problems else status
@@ -396,14 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     tab.add_argument("--output", help="file to write (also printed)")
     tab.add_argument("--strict", action="store_true", help="exit 1 when any row failed")
     tab.add_argument("--command-label", help="Markdown naming the command that produced the results")
-    tab.add_argument("--data", help="record the rows in this JSON (docs/docs_numbers.json) and render the docs")
     chk = sub.add_parser("check-all", help="`python -m toggleshim check` in every .nox/matrix-* venv, then the table")
     chk.add_argument("--nox-dir", default=str(ROOT / ".nox"))
     chk.add_argument("--results", default=str(ROOT / "build" / "matrix"))
     chk.add_argument("--results-label", default="build/matrix", help="how to name the results in the text")
     chk.add_argument("--output", help="also write the Markdown table to this file (it is printed)")
-    chk.add_argument("--data", default=str(ROOT / "docs" / "docs_numbers.json"),
-                     help="record the rows here, for docs/compatibility.md (default docs/docs_numbers.json)")
     chk.add_argument("--examples", type=int, default=30, help="random worlds a property (default 30)")
     chk.add_argument("--seed", type=int, default=0)
     chk.add_argument("--env", action="append", help="only venvs whose name contains this (repeatable)")
