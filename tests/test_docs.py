@@ -81,9 +81,14 @@ def test_the_claims_are_what_pyproject_says() -> None:
     claims = docs_numbers.claims()
     assert claims["requires_python"] == claims["pythons"][0] and len(claims["pythons"]) >= 2
     assert f'"torch>={claims["torch"]}"' in text
-    assert docs_numbers.render_claims(_data()).startswith(
+    rendered = docs_numbers.render_claims(_data())
+    assert rendered.startswith(
         f"Python {claims['pythons'][0]}\N{EN DASH}{claims['pythons'][-1]}, torch \N{GREATER-THAN OR EQUAL TO} "
         f"{claims['torch']}")
+    # and exactly the matrix's passing cells are named as run here (a failing one, or one not run, never)
+    for row in _data()["measured"]["matrix"]["rows"]:
+        named = f"torch {row['torch']} with Lightning {row['lightning']} (commit" in rendered
+        assert named == (row["result"] == "pass"), row
 
 
 def test_docs_numbers_runs_as_a_command() -> None:

@@ -49,8 +49,8 @@ def test_the_cells_are_every_torch_with_its_oldest_and_newest_lightning_the_floo
     assert set(cells) == {(t, v) for t, pair in torch_matrix.LIGHTNING_RANGE.items() for v in pair}
     assert cells[0] == ("2.0.1", "2.0.9.post0")
     assert {t for t, _ in cells} == set(torch_matrix.TORCH_VERSIONS)
-    # the claimed floor (pyproject's torch>=2.0) is the first torch, and no torch is run twice in a line
-    assert _v(torch_matrix.TORCH_VERSIONS[0])[:2] == _v(TOGGLESHIM_TORCH_FLOOR)[:2]
+    # the claimed floor (pyproject's torch>=2.0.1) is the first torch, and no torch is run twice in a line
+    assert _v(torch_matrix.TORCH_VERSIONS[0]) == _v(TOGGLESHIM_TORCH_FLOOR)
     assert sorted(torch_matrix.TORCH_VERSIONS, key=_v) == torch_matrix.TORCH_VERSIONS
     assert len({_v(t)[:2] for t in torch_matrix.TORCH_VERSIONS}) == len(torch_matrix.TORCH_VERSIONS)
 
