@@ -22,13 +22,9 @@ DISABLE_MARKS_RECURSIVE = hasattr(disable(lambda: None), "_torchdynamo_disable_r
 
 def compile_refused() -> str | None:
     """What torch.compile says when it refuses this Python (torch 2.0 on Python 3.11), else None."""
-    check = getattr(importlib.import_module("torch._dynamo.eval_frame"), "check_if_dynamo_supported", None)
-    try:
-        if check is not None:
-            check()
-    except RuntimeError as refusal:
-        return str(refusal)
-    return None
+    from toggleshim.testing.torchside import compile_refusal
+
+    return compile_refusal()
 
 
 def torch_properties_that_apply() -> int:

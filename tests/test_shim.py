@@ -34,6 +34,7 @@ from _fixtures import (
 import toggleshim
 from toggleshim import Toggle, ToggleshimWarning
 from toggleshim.testing import installed_flavours
+from toggleshim.testing.torchside import kept_out
 
 ORIGINAL = {}  # the exact function objects Lightning ships, captured before any test patches
 for _f in ("lightning.pytorch", "pytorch_lightning"):
@@ -910,12 +911,7 @@ def test_block_inside_a_compiled_function(flavour: str) -> None:
         torch._dynamo.reset()
     assert all(state(module).values())
     assert torch.equal(module.a.weight, ref.a.weight)  # the optimizer stepped eagerly, as outside compile
-    # dynamo broke the graph at toggleshim's entry points, never inside them: what torch says of a disabled
-    # function (from torch 2.2), or of torch's own disable wrapper, whose file it skips (torch 2.1)
-    def kept_out(reason: str) -> bool:
-        return reason.startswith("Skip inlining `torch.compiler.disable()`d function") or (
-            reason.startswith("inline in skipfiles: ") and "| _fn " in reason and "_dynamo" in reason)
-
+    # dynamo broke the graph at toggleshim's entry points, never inside them
     assert breaks and all(map(kept_out, breaks)), breaks
 
 

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PROBES", "run_probes"]
+__all__ = ["PROBES", "compile_refusal", "kept_out", "run_probes"]
 
 #: name -> what it shows (``check`` prints it)
 PROBES: dict[str, str] = {
@@ -50,7 +50,7 @@ def run_probes(flavour: str, timeout: float = 600) -> dict[str, tuple[str, str]]
 # -- in the fresh interpreter -------------------------------------------------------------------
 
 
-def _compile_refusal() -> str | None:
+def compile_refusal() -> str | None:
     """What torch.compile says when it refuses this Python (torch 2.0 on Python 3.11), else None."""
     check = getattr(importlib.import_module("torch._dynamo.eval_frame"), "check_if_dynamo_supported", None)
     try:
@@ -66,7 +66,7 @@ def _compile_something() -> str:
     first compile does, on the torches that have it); says which."""
     import torch
 
-    refusal = _compile_refusal()
+    refusal = compile_refusal()
     if refusal is None:
         torch.compile(torch.nn.Linear(2, 2), backend="eager")(torch.ones(1, 2))
         return "after torch.compile"
@@ -129,7 +129,7 @@ def _compile_keeps_out(pl: Any) -> str:
     import torch
     from torch import nn
 
-    refusal = _compile_refusal()
+    refusal = compile_refusal()
     if refusal is not None:
         raise _NotApplicable(f"torch.compile refuses this Python: {refusal}")
     from types import SimpleNamespace
@@ -168,17 +168,19 @@ def _compile_keeps_out(pl: Any) -> str:
         problems.append("the compiled block trained differently from the same block run eagerly")
     if not all(p.requires_grad for p in module.parameters()):
         problems.append("parameters left frozen after the compiled block")
-
-    def kept_out(reason: str) -> bool:
-        return reason.startswith("Skip inlining `torch.compiler.disable()`d function") or (
-            reason.startswith("inline in skipfiles: ") and "| _fn " in reason and "_dynamo" in reason)
-
     inside = [reason for reason in breaks if not kept_out(reason)]
     if not breaks or inside:
         problems.append(f"dynamo did not stop at toggleshim's entry points (graph breaks: {inside or 'none'})")
     if problems:
         raise AssertionError("; ".join(problems))
     return f"{sum(breaks.values())} graph breaks, each at a disabled entry point"
+
+
+def kept_out(reason: str) -> bool:
+    """A graph break dynamo reports at a ``torch.compiler.disable``d function: what torch says of one (from
+    torch 2.2), or of its disable wrapper, whose file it skips (torch 2.1)."""
+    return reason.startswith("Skip inlining `torch.compiler.disable()`d function") or (
+        reason.startswith("inline in skipfiles: ") and "| _fn " in reason and "_dynamo" in reason)
 
 
 class _NotApplicable(Exception):
