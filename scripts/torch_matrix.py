@@ -550,6 +550,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("derive", help="re-read which Lightning accepts which torch, from the releases' metadata")
     sub.add_parser("cells", help="list the cells in the order `run` takes them")
     args = parser.parse_args(argv)
+    for name in ("source", "results", "venvs"):  # the cells run elsewhere (check's --json is resolved there)
+        if getattr(args, name, None):
+            setattr(args, name, str(Path(getattr(args, name)).resolve()))
     if args.command == "cells":
         for torch, lightning in cells():
             print(f"{torch} {lightning}  ({slug(torch, lightning)})")
