@@ -457,7 +457,8 @@ def test_fresh_process_after_a_lightning_upgrade(flavour: str, changed: bool) ->
         assert proc.returncode == 1 and "nested ok" not in proc.stdout
         assert proc.stderr.count("ToggleshimWarning") == 1, proc.stderr
         assert "RuntimeError: toggleshim: nested toggle_optimizer blocks are not available on" in proc.stderr
-        assert "2.7.0" in proc.stderr.splitlines()[-1]
+        # (the refusal's line names the release; torch 2.0 prints a ResourceWarning after it at exit)
+        assert "2.7.0" in next(x for x in proc.stderr.splitlines() if x.startswith("RuntimeError: toggleshim"))
     else:
         assert proc.returncode == 0 and "nested ok" in proc.stdout
         assert "ToggleshimWarning" not in proc.stderr, proc.stderr
