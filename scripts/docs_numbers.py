@@ -166,12 +166,10 @@ def render_claims(data: dict[str, Any]) -> str:
     """What pyproject claims, then exactly which of it ran here and passed (the matrix's last run)."""
     c = data["inputs"]["claims"]
     rows = data["measured"]["matrix"]["rows"]
-    passed = [f"torch {r['torch']} with Lightning {r['lightning']} (commit {r['commit']})"
-              for r in rows if r["result"] == "pass"]
-    ran = "; ".join(passed) if passed else "none yet"
+    passed = [f"torch/Lightning {r['torch']}/{r['lightning']} ({r['commit']})" for r in rows if r["result"] == "pass"]
     return (f"Python {_span(c['pythons'])}, torch ≥ {c['torch']}, Lightning {', '.join(c['lightning'])} in both "
-            f"flavours; passed here (suite and `check`, Python 3.11): {ran}; the other "
-            f"{len(rows) - len(passed)} matrix cells and Pythons: not verified here")
+            f"flavours; passed here (suite, `check`, Python 3.11): {', '.join(passed) or 'none yet'}; "
+            f"the {len(rows) - len(passed)} other cells: not verified here")
 
 
 def render_needs(data: dict[str, Any]) -> str:

@@ -87,7 +87,7 @@ def test_the_claims_are_what_pyproject_says() -> None:
         f"{claims['torch']}")
     # and exactly the matrix's passing cells are named as run here (a failing one, or one not run, never)
     for row in _data()["measured"]["matrix"]["rows"]:
-        named = f"torch {row['torch']} with Lightning {row['lightning']} (commit" in rendered
+        named = f"torch/Lightning {row['torch']}/{row['lightning']} (" in rendered
         assert named == (row["result"] == "pass"), row
 
 
