@@ -16,6 +16,7 @@ import textwrap
 import types
 import warnings
 import weakref
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -732,8 +733,9 @@ def test_bad_flags_are_rejected(flavour: str) -> None:
 
 @pytest.mark.parametrize("entry", ["method", "toggle", "Toggle"])
 def test_an_unknown_flag_or_a_positional_one_is_a_type_error_that_changes_nothing(flavour: str, entry: str) -> None:
-    """A misspelt flag names itself and the block's flags; flags are keywords (a positional ``False``
-    after the optimizer is Python's own TypeError): nothing changes either way."""
+    """A misspelt flag names itself and the block's flags; a positional argument after the optimizer
+    (a flag, or Lightning 1.x's optimizer index) gets toggleshim's TypeError, raised in toggleshim's own
+    frame (not in torch's compile wrapper): nothing changes either way."""
     module = three_heads(flavour)
     make = {"method": lambda *a, **k: module.toggle_optimizer(*a, **k),
             "toggle": lambda *a, **k: toggleshim.toggle(module, *a, **k),
@@ -742,8 +744,15 @@ def test_an_unknown_flag_or_a_positional_one_is_a_type_error_that_changes_nothin
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'zerograd' \(the block's flags: "
                                         r"zero_grad, step, sync_grad\); nothing was changed"):
         make(module.opts[0], zerograd=False)
-    with pytest.raises(TypeError, match="positional argument"):
-        make(module.opts[0], False)
+    for extra in (False, 0):
+        with pytest.raises(TypeError, match=r"takes the optimizer as its only positional argument, got 1 more "
+                           r"\(.*\): the block's flags are keywords \(zero_grad=, step=, sync_grad=\), and "
+                           r"Lightning 2 has no optimizer index .*; nothing was changed") as info:
+            make(module.opts[0], extra)
+        raising = info.tb
+        while raising.tb_next is not None:
+            raising = raising.tb_next
+        assert Path(raising.tb_frame.f_code.co_filename).is_relative_to(Path(toggleshim.__file__).parent)
     assert state(module) == before and module.__dict__.get("_param_requires_grad_state") is record
 
 

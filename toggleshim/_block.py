@@ -116,7 +116,9 @@ class Toggle(Generic[_OptT]):
     _sync_exit: list[Callable[..., Any]] | None  # the entered no-sync context's __exit__, until it is called
     _watch: MethodType | None  # while open with step=True: the step watch on the block's torch optimizer
 
-    def __new__(cls, module: Any, optimizer: _OptT, **flags: Unpack[Flags]) -> Toggle[_OptT]:
+    def __new__(cls, module: Any, optimizer: _OptT, *extra: Any, **flags: Unpack[Flags]) -> Toggle[_OptT]:
+        if extra:
+            raise _positional(extra, "Toggle()")
         return toggle(module, optimizer, **flags)
 
     # -- entering ---------------------------------------------------------------------------
@@ -446,8 +448,21 @@ def _block(made: _Made, flags: dict[str, bool], sync: Any) -> Toggle[Any]:
     return t
 
 
-def _toggle_optimizer(self: Any, optimizer: _OptT, **flags: Unpack[Flags]) -> Toggle[_OptT]:
+def _positional(extra: tuple[Any, ...], name: str = "toggle_optimizer()") -> TypeError:
+    """A positional argument after the optimizer: the flags are keywords, and Lightning 2 has no
+    optimizer index (Lightning 1.x's second argument)."""
+    return TypeError(
+        f"{name} takes the optimizer as its only positional argument, got {len(extra)} more "
+        f"({', '.join(map(describe, extra))}): the block's flags are keywords "
+        f"({', '.join(f'{n}=' for n in FLAGS)}), and Lightning 2 has no optimizer index (Lightning 1.x's "
+        "toggle_optimizer(optimizer, optimizer_idx)); nothing was changed"
+    )
+
+
+def _toggle_optimizer(self: Any, optimizer: _OptT, *extra: Any, **flags: Unpack[Flags]) -> Toggle[_OptT]:
     """The toggle; ``_patch`` installs copies of this very function as ``toggle_optimizer``."""
+    if extra:
+        raise _positional(extra)
     given = _flags_of(flags) if flags else _DEFAULTS
     trainer = self.trainer  # Lightning's own RuntimeError when not attached to a Trainer
     sync = None if given["sync_grad"] else getattr(trainer.strategy, "block_backward_sync", None)
@@ -458,10 +473,12 @@ def make_fallback(original_toggle: Callable[..., Any], label: str) -> Callable[.
     """The ``toggle_optimizer`` of a flavour with unverified toggle code: ``original_toggle`` toggles,
     the block closes with the module's own ``untoggle_optimizer``. ``label`` names the Lightning."""
 
-    def toggle_optimizer(self: Any, optimizer: Any, **flags: Unpack[Flags]) -> Toggle[Any]:
+    def toggle_optimizer(self: Any, optimizer: Any, *extra: Any, **flags: Unpack[Flags]) -> Toggle[Any]:
         """Lightning's own ``toggle_optimizer`` (its code is not one toggleshim verified); the result is
         also a context manager running Lightning's own sequence: zero_grad on entry, step on a clean
         exit, Lightning's ``untoggle_optimizer`` on every exit. Nested blocks raise an error."""
+        if extra:
+            raise _positional(extra)
         given = _flags_of(flags) if flags else _DEFAULTS
         _toggle.refuse_nesting(self, label)
         sync = _no_sync(self, given)
@@ -471,7 +488,7 @@ def make_fallback(original_toggle: Callable[..., Any], label: str) -> Callable[.
     return toggle_optimizer
 
 
-def toggle(module: Any, optimizer: _OptT, **flags: Unpack[Flags]) -> Toggle[_OptT]:
+def toggle(module: Any, optimizer: _OptT, *extra: Any, **flags: Unpack[Flags]) -> Toggle[_OptT]:
     """Typed entry point: ``with toggleshim.toggle(self, opt):`` is ``with self.toggle_optimizer(opt):``.
 
     Static checkers read Lightning's ``toggle_optimizer(...) -> None`` and reject it in a ``with``;
@@ -480,6 +497,8 @@ def toggle(module: Any, optimizer: _OptT, **flags: Unpack[Flags]) -> Toggle[_Opt
     makes the toggle: see :func:`_through_users`. On a Lightning whose toggle code toggleshim has not
     verified it is that Lightning's own sequence, as the patched method is there (docs/guard.md).
     """
+    if extra:
+        raise _positional(extra, "toggleshim.toggle()")
     fn = getattr(type(module), "toggle_optimizer", None)
     if not callable(fn):
         raise TypeError(
