@@ -6,6 +6,9 @@
     python benchmarks/block_vs_manual.py --variant toggled    # Lightning's own toggled_optimizer instead
     python benchmarks/block_vs_manual.py --params 10 --body none --each   # what each guarantee costs
 
+Then the calls per toggled optimizer, counted by cProfile (Python functions and builtins), each side in
+a fresh process without the other: the block's at most the manual sequence's is a target too.
+
 Per row, fresh processes alternate (``benchmarks/_crossproc.py``):
 
 * ``block``: ``import toggleshim``; ``with module.toggle_optimizer(opt): body()`` (toggle, zero_grad on
@@ -151,10 +154,45 @@ def _ablate(without: str) -> None:
         _toggle.users = lambda module, name: None
 
 
+def _calls_child(argv: list[str]) -> None:
+    """``--calls-child VARIANT key=value...``: the calls (cProfile's count: Python functions and builtins)
+    of one toggled optimizer, warmed up, as JSON."""
+    import cProfile
+    import json
+    import pstats
+
+    import torch
+
+    variant, *pairs = argv
+    options = dict(p.split("=", 1) for p in pairs)
+    torch.set_num_threads(1)
+    run = _workload(variant, options)
+    run(50)
+    profile = cProfile.Profile()
+    profile.enable()
+    run(100)
+    profile.disable()
+    calls = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
+    print(json.dumps({"calls": calls / (100 * int(options["opts"]))}))
+
+
+def _calls(variant: str, options: dict[str, str]) -> float:
+    import json
+    import subprocess
+
+    pairs = [f"{k}={v}" for k, v in options.items() if k != "seconds"]
+    out = subprocess.run([sys.executable, __file__, "--calls-child", variant, *pairs], capture_output=True,
+                         text=True, check=True).stdout
+    return float(json.loads(out.strip().splitlines()[-1])["calls"])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         child_main(argv[1:], {"toggle": _workload})
+        return 0
+    if argv[:1] == ["--calls-child"]:
+        _calls_child(argv[1:])
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--params", default="10,100,1000", help="parameter counts (comma-separated)")
@@ -187,6 +225,17 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append(f"{label}| {n:,} | {args.opts} | {body} | {r.a_us / per:.1f} | {r.b_us / per:.1f} | "
                              f"{r.cell()} | ≤ {target:.2f} |")
                 print(lines[-1], file=sys.stderr, flush=True)
+    # Python calls per toggled optimizer (cProfile), the block against the manual sequence: at most as many
+    lines += ["", f"Calls per toggled optimizer (cProfile: Python functions and builtins), {args.variant} against "
+              "manual:", "", f"| params | body | {args.variant} calls | manual calls | target |",
+              "|---:|:---|---:|---:|:---|"]
+    for n in (int(x) for x in args.params.split(",")):
+        for body in args.body.split(","):
+            options = {"params": str(n), "opts": str(args.opts), "body": body, "without": ""}
+            mine, manual = _calls(args.variant, options), _calls("manual", options)
+            failed |= args.variant == "block" and mine > manual
+            lines.append(f"| {n:,} | {body} | {mine:.0f} | {manual:.0f} | ≤ manual |")
+            print(lines[-1], file=sys.stderr, flush=True)
     print("\n".join(lines))
     return 1 if failed else 0
 

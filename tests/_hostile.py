@@ -4,6 +4,7 @@ raises Ctrl-C at a chosen line of the package, a parameter whose ``requires_grad
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,6 +22,18 @@ HARNESS = str(Path(PACKAGE) / "testing")
 # state, a lambda in _state: a module dying, and of its cached layout: a parameter dying).
 ASYNCHRONOUS = {"_forget", "find_spec", "_unjudged", "_find_behind", "_is_hook", "_stale"}
 ASYNCHRONOUS_CODE = {c for c in _toggle._state.__code__.co_consts if hasattr(c, "co_code")}
+
+
+def _wrapper_codes() -> set[Any]:
+    """The code of torch's ``torch.compiler.disable`` wrapper around the block's entry points (none on a
+    torch without one): an interrupt lands in its lines too, before toggleshim's function starts."""
+    fns = [vars(_block.Toggle)["_exit"], vars(_block.Toggle)["__enter__"]]
+    return {fn.__code__ for fn in fns if inspect.unwrap(fn) is not fn}
+
+
+def _wraps_ours(frame: Any) -> bool:
+    wrapped = frame.f_locals.get("fn")
+    return getattr(wrapped, "__module__", "").startswith("toggleshim.")
 
 
 class Interrupter:
@@ -41,6 +54,7 @@ class Interrupter:
         self._calling: Any = None  # the frame just called: its next line is its first
 
     def __enter__(self) -> Interrupter:
+        self.wrappers = _wrapper_codes()
         # A stale class-level lookup of Toggle.__exit__ (pydoc, inspect: see _block._ExitGuard) would
         # run a few lines more in the next __enter__ only: every run starts without one
         _block._local.__dict__.pop("exit", None)
@@ -53,6 +67,9 @@ class Interrupter:
 
     def _call(self, frame: Any, event: str, arg: Any) -> Any:
         name = frame.f_code.co_filename
+        if frame.f_code in self.wrappers and _wraps_ours(frame):  # torch's wrapper around an entry point
+            self._calling = frame
+            return self._line
         if (
             frame.f_code.co_name in ASYNCHRONOUS
             or frame.f_code in ASYNCHRONOUS_CODE

@@ -102,6 +102,12 @@ def _async_exit_stack(m: Any) -> None:
     asyncio.run(main())
 
 
+def _by_hand(m: Any) -> None:
+    block = m.toggle_optimizer(m.opts[0], sync_grad=False)
+    block.__enter__()
+    block.__exit__(None, None, None)
+
+
 def _own_untoggle_block(m: Any) -> None:
     with m.toggle_optimizer(m.opts[0]):  # the class overrides untoggle_optimizer (calls super)
         pass
@@ -167,15 +173,17 @@ SCENARIOS: dict[str, Callable[[Any], None]] = {
     "statement toggle inside a block": _statement_in_block,
     "nested blocks in an ExitStack": _exit_stack,
     "a block in an AsyncExitStack": _async_exit_stack,
+    "a block entered and left by hand": _by_hand,
     "a block, untoggle_optimizer overridden": _own_untoggle_block,
     "nested blocks, untoggle_optimizer overridden": _own_nested_blocks,
     "a block over the module's own toggle_optimizer": _own_toggle_block,
     "a block, toggle_optimizer returning None": _forgotten_return_block,
 }
-# An ExitStack calls the __exit__ it looked up on the class: interrupted at that function's first
-# line, the block closes once the stack lets go of it, which the interrupt's traceback delays (a
-# reference cycle) until the next garbage collection at the latest (docs/guarantees.md)
-_CLOSED_BY_THE_COLLECTOR = {_exit_stack, _async_exit_stack}
+# An ExitStack calls the __exit__ it looked up on the class, and a block left by hand the __exit__ its
+# caller looked up: interrupted at that function's first line (or in torch's wrapper around it), the
+# block closes once its toggle object is let go of, which the interrupt's traceback delays (a reference
+# cycle) until the next garbage collection at the latest (docs/guarantees.md)
+_CLOSED_BY_THE_COLLECTOR = {_exit_stack, _async_exit_stack, _by_hand}
 
 
 def _module(flavour: str, cached: bool, scenario: Callable[[Any], None]) -> tuple[Any, SyncSpy]:

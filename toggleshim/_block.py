@@ -127,7 +127,8 @@ class Toggle(Generic[_OptT]):
         made = self._check_enterable()
         flags = self._flags
         try:
-            self._phase, self._optimizer = _OPEN, made.optimizer  # first: from here on, leaving untoggles
+            self.__class__ = _Open  # first: from here on, a block let go of is closed (_Open.__del__)
+            self._phase, self._optimizer = _OPEN, made.optimizer  # from here on, leaving untoggles
             if flags["step"]:
                 if made.optimizer is made.inner:  # a torch optimizer, not its LightningOptimizer (rare)
                     _warn_raw(made.module, made.inner)
@@ -269,13 +270,18 @@ class Toggle(Generic[_OptT]):
         if self._guard is not None:
             _GUARDS.discard(self._guard)
         self._made = self._optimizer = self._guard = self._watch = None
+        self.__class__ = Toggle
 
     def _exit_dropped(self, ref: weakref.ref[Any]) -> None:
         # The with statement let go of its __exit__ while the block was open (Ctrl-C at its first line,
         # where nothing can catch it): closed now, without user code where the toggle has another undo
         _GUARDS.discard(ref)
+        if self._guard is ref:
+            self._abandoned()
+
+    def _abandoned(self) -> None:
         made = self._made
-        if self._guard is not ref or self._phase not in (_OPEN, _LEFT) or made is None:
+        if self._phase not in (_OPEN, _LEFT) or made is None:
             return
         try:
             if self._phase == _OPEN:
@@ -289,6 +295,23 @@ class Toggle(Generic[_OptT]):
         if made is None or made.done:
             return f"<toggleshim.Toggle {'closed' if self._phase == _CLOSED else 'untoggled'} (holds nothing)>"
         return made.describe(("toggled", "open", "closing")[self._phase])
+
+
+class _Open(Toggle[Any]):
+    """The class of a :class:`Toggle` while its block is open (``__enter__`` to the end of its exit), so
+    that only a block let go of while open is finalized, never one closed as usual (a ``__del__`` on
+    ``Toggle`` itself would run at every block's end, and an interrupt landing in it would be lost).
+
+    Let go of while open, no ``__exit__`` can come any more: an explicit ``t.__exit__(...)`` interrupted
+    at its first line or in torch's wrapper around it, where nothing can catch it (the block closes as
+    the interrupt's traceback lets go of it), or never called. (The ``__exit__`` a with statement or
+    an ``ExitStack`` holds is watched: closed as that is let go of, see :class:`_ExitGuard`.)
+    """
+
+    __slots__ = ()
+
+    def __del__(self) -> None:
+        self._abandoned()
 
 
 _NOTHING: Any = object()  # the step watch covered no ``step`` of the instance's own
@@ -343,7 +366,7 @@ def _stepped_by_a_block(block: Toggle[Any]) -> bool:
 _EXIT_CODE = Toggle._exit.__code__  # (torch.compiler.disable wraps the method later: _patch._keep_dynamo_out)
 
 # Per thread: the Toggle.__exit__ last looked up on the class ("exit", see _ExitGuard), the calls of a
-# user's toggle_optimizer under toggle() ("catches").
+# user's toggle_optimizer under toggle() ("catches"), the names the import hook is finding ("finding").
 _local = threading.local()
 
 # The torch optimizers a block stepped directly under Trainer.fit, warned about once each (weakly held:

@@ -267,6 +267,7 @@ SHIM: dict[str, Edit] = {
                                        "_toggle"),
     # only the block holds its exit's watch: freed with it in a garbage cycle, the callback never runs
     "the exit's watch is the block's alone": Edit("_guard", "_GUARDS.add(watch)", "pass"),
+    "a block let go of while open stays open": Edit("_Open.__del__", "self._abandoned()", "pass"),
 
 }
 
