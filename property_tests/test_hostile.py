@@ -116,9 +116,9 @@ def _count(flavour: str, spec: WorldSpec, op: Block) -> Interrupter:
 
 
 def _through_exit_stack(op: object) -> bool:
-    """``op`` is a block entered through ``contextlib.ExitStack``, or holds one."""
+    """``op`` is a block entered through ``contextlib.ExitStack`` or by hand, or holds one."""
     return isinstance(op, (Block, Statement)) and (
-        getattr(op, "way", None) == "ExitStack" or any(_through_exit_stack(o) for o in op.body))
+        getattr(op, "way", None) in ("ExitStack", "by hand") or any(_through_exit_stack(o) for o in op.body))
 
 
 class _Interrupted:
@@ -159,7 +159,10 @@ class _Interrupted:
             # block entered through ExitStack inside a with statement's block: the outer exit undid
             # its toggle, and its no-sync context is left once the traceback is let go of
             assert inter.raised is not None
-            inter.raised.__traceback__ = None
+            # (and the exception the body raised, if any, the interrupt's context: its traceback holds
+            # the frames that called the exit by hand)
+            for exc in (inter.raised, *world.raised):
+                exc.__traceback__ = None
             inter.raised = None
             gc.collect()
         after = _rg(world)

@@ -1,7 +1,7 @@
 """The drivers: one program run through toggleshim's block, or through Lightning's manual sequence.
 
 :class:`ShimDriver` writes each block as users write it (``with module.toggle_optimizer(...)``, or
-``toggleshim.toggle`` / ``Toggle``, by ``with`` or ``ExitStack``) and checks what its repr says;
+``toggleshim.toggle`` / ``Toggle``, by ``with``, ``ExitStack`` or by hand) and checks what its repr says;
 :class:`ManualDriver` writes the same block out with Lightning's original methods (``toggle;
 zero_grad; body; step`` with ``untoggle`` in ``finally``), or with the module's own where its class
 overrides them. Re-exported by :mod:`toggleshim.testing.harness`.
@@ -58,13 +58,22 @@ class ShimDriver:
                 with contextlib.ExitStack() as stack:
                     stack.enter_context(toggled)
                     inside()
+            elif op.way == "by hand":
+                toggled.__enter__()
+                try:
+                    inside()
+                except BaseException as e:
+                    toggled.__exit__(type(e), e, e.__traceback__)  # (never swallows: returns False)
+                    raise
+                toggled.__exit__(None, None, None)
             else:
                 with toggled:
                     inside()
         except BaseException:
-            # Closed as the exception leaves the with statement; not yet with ExitStack's own exit
-            # interrupted at its first line: the stack's frame, in the traceback, holds that exit
-            # until the exception is let go of (docs/guarantees.md, "Every way into a block")
+            # Closed as the exception leaves the with statement; not yet with ExitStack's own exit (or
+            # the exit called by hand) interrupted at its first line: the stack's frame (this one), in
+            # the traceback, holds the block until the exception is let go of (docs/guarantees.md,
+            # "Every way into a block")
             if entered and op.way == "with":
                 _says(toggled, "closed", kind)
             raise

@@ -142,9 +142,10 @@ class Raise:
 #: opt, ...)`` and ``toggleshim.Toggle(module, opt, ...)``.
 ENTRY_POINTS = ("method", "toggle", "Toggle")
 
-#: The ways into a block once made: the ``with`` statement, or ``contextlib.ExitStack.enter_context``
-#: (which looks ``__exit__`` up on the class, and calls it later).
-WAYS_IN = ("with", "ExitStack")
+#: The ways into a block once made: the ``with`` statement, ``contextlib.ExitStack.enter_context``
+#: (which looks ``__exit__`` up on the class, and calls it later), or by hand (``t.__enter__()``, then
+#: ``t.__exit__(...)`` with the body's exception, if any).
+WAYS_IN = ("with", "ExitStack", "by hand")
 
 
 #: Faults of the strategy's no-sync context (a block with ``sync_grad=False``, in a world whose
