@@ -27,7 +27,10 @@ after the cell unless ``--keep`` (a CUDA torch venv is about 5 GB).
 is the snapshot's (``+dirty`` when its package or tests differ from it).
 
 ``table`` turns the last run of every cell into ``measured.matrix`` of docs/docs_numbers.json and
-renders docs/compatibility.md from it (scripts/docs_numbers.py): a cell never run is listed as "not run".
+renders docs/compatibility.md from it (scripts/docs_numbers.py). A cell with no record under
+``--results`` keeps the row the data file already holds for it (an earlier run, its commit and date
+included), so that a run of some cells into a fresh results dir does not erase the others; only a cell
+neither run now nor recorded before is listed as "not run".
 
 A script and not a nox session: nox's venvs are reused and parametrized by Lightning only, while a
 cell here must start from an empty venv, be deleted afterwards (disk), run from another checkout than
@@ -472,13 +475,30 @@ def _row(result_dir: Path) -> dict[str, Any]:
             "result": "pass" if passed and not bad_imports else "FAIL"}  # fmt: skip
 
 
+def recorded_rows(data: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """The rows ``data``'s ``measured.matrix`` already holds, by cell (torch without its local version, such as
+    ``+cpu``; Lightning), "not run" rows left out: what ``table`` keeps for a cell with no result now."""
+    try:
+        rows = json.loads(data.read_text())["measured"]["matrix"]["rows"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return {}
+    kept: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, dict) and row.get("result") not in (None, "", "not run"):
+            kept[(str(row.get("torch", "")).split("+")[0], str(row.get("lightning", "")))] = row
+    return kept
+
+
 def table(args: argparse.Namespace) -> int:
     results = Path(args.results)
+    earlier = recorded_rows(Path(args.data)) if args.data else {}
     rows = []
     for torch, lightning in sorted(cells(), key=lambda c: (_v(c[0]), _v(c[1]))):
         if (results / slug(torch, lightning) / "meta.json").exists():
             rows.append(_row(results / slug(torch, lightning)))
             write_failures(results / slug(torch, lightning))
+        elif (torch, lightning) in earlier:  # not run now: the earlier run's row stays
+            rows.append(earlier[(torch, lightning)])
         else:
             rows.append(
                 {

@@ -141,3 +141,39 @@ def test_the_docs_table_names_the_cells_not_run_and_the_pythons_not_verified_her
 def test_it_runs_as_a_command(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert torch_matrix.main(command) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith("2.0.1 2.0.9.post0")
+
+
+def test_table_keeps_the_recorded_row_of_a_cell_not_run_now(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    out = _cell(results, pytest_exit=0, check_exit=0)  # 2.1.2:2.6.6 run now, at abc1234
+    (out / "junit.xml").write_text(JUNIT.replace('failures="1"', 'failures="0"'))
+
+    def recorded(torch: str, lightning: str, result: str, commit: str) -> dict[str, Any]:
+        return {"torch": torch, "lightning": lightning, "python": "3.11.7", "tests": "1 / 0 / 0 / 0", "check": "ok",
+                "check_properties": [], "result": result, "commit": commit, "date": "2026-12-07 05:00",
+                "minutes": 9.0}  # fmt: skip
+
+    earlier = [
+        recorded("2.0.1", "2.0.9.post0", "pass", "d73c9ab"),  # not run now: kept
+        recorded("2.1.2", "2.6.6", "pass", "10c7215"),  # run now: replaced
+        recorded("2.13.0+cpu", "2.6.6", "FAIL", "1111111"),  # a local version still names its cell
+        {**recorded("2.3.1", "2.6.6", "not run", ""), "python": ""},
+        recorded("1.13.1", "2.0.9.post0", "pass", "2222222"),  # no longer a cell: dropped
+    ]
+    data = tmp_path / "numbers.json"
+    data.write_text(json.dumps({"other": 1, "measured": {"matrix": {"rows": earlier}, "kept": True}}))
+    assert torch_matrix.main(["table", "--results", str(results), "--data", str(data)]) == 0
+    capsys.readouterr()
+    written = json.loads(data.read_text())
+    assert written["other"] == 1 and written["measured"]["kept"] is True
+    rows = {(r["torch"].split("+")[0], r["lightning"]): r for r in written["measured"]["matrix"]["rows"]}
+    assert set(rows) == set(torch_matrix.cells())
+    assert rows[("2.0.1", "2.0.9.post0")] == earlier[0]
+    assert (rows[("2.1.2", "2.6.6")]["commit"], rows[("2.1.2", "2.6.6")]["result"]) == ("abc1234", "pass")
+    assert rows[("2.13.0", "2.6.6")] == earlier[2]
+    # the control: a cell neither run now nor recorded before (or recorded as not run) is "not run"
+    assert rows[("2.3.1", "2.6.6")]["result"] == "not run"
+    assert rows[("2.14.1", "2.0.9.post0")]["result"] == "not run" and rows[("2.14.1", "2.0.9.post0")]["commit"] == ""
+    # without a data file, nothing earlier is kept
+    assert torch_matrix.recorded_rows(tmp_path / "missing.json") == {}
