@@ -17,7 +17,7 @@ import pytest
 import torch
 from _fixtures import compile_refused, state, three_heads
 
-from toggleshim.testing.torchside import PROBES, run_probes
+from toggleshim.testing.torchside import PROBES, kept_out, run_probes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,6 +44,29 @@ def _check(*extra: str, mutant: str | None = None) -> subprocess.CompletedProces
         env["TOGGLESHIM_MUTANT"] = mutant
     return subprocess.run([sys.executable, "-m", "toggleshim", "check", "--property", "torch", *extra],
                           capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+
+
+# What each torch says where dynamo stops at a disabled entry point, as the matrix's cells recorded it
+# (a torch 2.6.0 cell failed `check` on the quotes around its reason: the probe, not the block).
+_DYNAMO = "/venv/lib/python3.11/site-packages/torch/_dynamo/eval_frame.py"
+_KEPT_OUT = [
+    f"inline in skipfiles: LightningModule.toggle_optimizer | _fn {_DYNAMO}",  # torch 2.1.2
+    f"'inline in skipfiles: LightningModule.toggle_optimizer | _fn {_DYNAMO}, skipped according trace_rules.lookup "
+    "SKIP_DIRS'",  # torch 2.6.0
+    "call torch._dynamo.disable() wrapped function <function Toggle.__enter__ at 0x7f>",  # torch 2.1 to 2.7
+    "Skip inlining `torch.compiler.disable()`d function\n  Explanation: Skip inlining function "
+    "<function LightningModule.toggle_optimizer at 0x7f>",  # torch 2.8 on
+]
+_INSIDE = [  # a break inside toggleshim's code, or anywhere else: not kept out
+    "'inline in skipfiles: Toggle.__enter__ | __enter__ /src/toggleshim/_block.py, skipped'",
+    "Attempted to call function marked as skipped\n  Explanation: Dynamo does not know how to trace the builtin",
+    "Unsupported context manager",
+]
+
+
+@pytest.mark.parametrize("reason", _KEPT_OUT + _INSIDE)
+def test_the_compile_probe_reads_what_every_torch_says_of_a_disabled_entry_point(reason: str) -> None:
+    assert kept_out(reason) is (reason in _KEPT_OUT)
 
 
 @pytest.mark.one_flavour_by_default

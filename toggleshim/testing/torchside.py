@@ -177,9 +177,12 @@ def _compile_keeps_out(pl: Any) -> str:
 
 
 def kept_out(reason: str) -> bool:
-    """A graph break dynamo reports at a ``torch.compiler.disable``d function: what torch says of one (from
-    torch 2.2), or of its disable wrapper, whose file it skips (torch 2.1)."""
-    return reason.startswith("Skip inlining `torch.compiler.disable()`d function") or (
+    """A graph break dynamo reports at a ``torch.compiler.disable``d function: what torch says of one (torch
+    2.8 on; 2.1 to 2.7: "call torch._dynamo.disable() wrapped function"), or of torch's disable wrapper,
+    whose file it skips (torch 2.1 to 2.7; torch 2.6 quotes that reason: ``'inline in skipfiles: ...'``)."""
+    reason = reason.removeprefix("'")
+    return reason.startswith(("Skip inlining `torch.compiler.disable()`d function",
+                              "call torch._dynamo.disable() wrapped function")) or (
         reason.startswith("inline in skipfiles: ") and "| _fn " in reason and "_dynamo" in reason)
 
 
