@@ -535,10 +535,9 @@ def table(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = ('`PIP_FIND_LINKS=<wheel dirs> python3 scripts/torch_matrix.py run --source <snapshot> --cell T:L` one '
-           'cell at a time, then `table` (a fresh venv a cell: torch, then `lightning==V pytorch-lightning==V` with '
-           'constraints/, then `-e ".[dev]"`; `python -m toggleshim check`, then `pytest -n 2` with '
-           '`HYPOTHESIS_PROFILE=dev` and `TOGGLESHIM_DERANDOMIZE=1`)')  # fmt: skip
+COMMAND = ('`PIP_FIND_LINKS=<wheel dirs> python3 scripts/torch_matrix.py run --cell T:L`, one cell at a time, then '
+           '`table` (a fresh venv a cell: torch, then both Lightning distributions with constraints/, then '
+           '`-e ".[dev]"`; `check`, then `pytest -n 2`, profile `dev`, derandomized)')  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

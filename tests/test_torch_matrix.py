@@ -131,7 +131,7 @@ def test_the_docs_table_names_the_cells_not_run_and_the_pythons_not_verified_her
          "check_properties": [], "result": "not run", "commit": "", "date": "", "minutes": 0}]}  # fmt: skip
     text = docs_numbers.render_matrix(data)
     assert "Run here on Python 3.11.7 only, 1 of the 2 cells" in text
-    assert "| 2.0.1 | 2.0.9.post0 |  |  | not run |" in text
+    assert "| 2.0.1 | 2.0.9.post0 |  |  | not run |  |" in text
     others = [py for py in data["inputs"]["ci"]["pythons"] if py != "3.11"]
     assert f"Python {', '.join(others)}: only in the GitHub workflow" in text
     assert "predate" not in text
