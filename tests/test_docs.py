@@ -92,6 +92,18 @@ def test_the_claims_are_what_pyproject_says() -> None:
         assert named == (row["result"] == "pass"), row
 
 
+def test_the_claims_say_how_many_cells_did_not_pass() -> None:
+    data = copy.deepcopy(_data())
+    rows = data["measured"]["matrix"]["rows"]
+    for k, row in enumerate(rows):
+        row["result"] = "pass" if k else "not run"
+    assert docs_numbers.render_claims(data).endswith("; the other 1 cell of the matrix: not verified here")
+    rows[0]["result"] = "pass"
+    assert docs_numbers.render_claims(data).endswith(f"; that is every cell of the matrix ({len(rows)})")
+    rows[0]["result"] = rows[1]["result"] = "fail"
+    assert docs_numbers.render_claims(data).endswith("; the other 2 cells of the matrix: not verified here")
+
+
 def test_docs_numbers_runs_as_a_command() -> None:
     proc = subprocess.run([sys.executable, "scripts/docs_numbers.py", "--stale"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
