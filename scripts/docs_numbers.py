@@ -285,8 +285,9 @@ def render_matrix(data: dict[str, Any]) -> str:
     elsewhere = [py for py in data["inputs"]["ci"]["pythons"] if not any(p.startswith(py + ".") for p in pythons)]
     props_now = sorted(p[0] for p in data["inputs"]["check"]["properties"])
     older = [r for r in ran if r["check_properties"] and r["check_properties"] != props_now]
+    how_many = f"all {len(rows)}" if len(ran) == len(rows) else f"{len(ran)} of the {len(rows)}"
     lines = [
-        (f"Run here on Python {', '.join(pythons)} only, {len(ran)} of the {len(rows)} cells, by {m['produced_by']}, "
+        (f"Run here on Python {', '.join(pythons)} only, {how_many} cells, by {m['produced_by']}, "
          f"at commit {', '.join(commits)} (table of {m['generated']}).") if ran else
         (f"None of the {len(rows)} cells has run yet ({m['produced_by']}; table of {m['generated']})."),
     ]
